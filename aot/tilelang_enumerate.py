@@ -1,0 +1,284 @@
+"""Enumerate the TileLang kernel variants vLLM's DeepSeek-V4 model compiles, keyed as TileLang keys them.
+
+vLLM declares its mHC variants through warmup owners (``_MHC_PRE_BIG_FUSE_TILELANG_KERNEL`` ...): the
+model registers them with its config, ``get_warmup_keys`` expands the registrations into owner
+CompileKeys, and ``owner.compile(key)`` runs the owner's real ``__call__`` which ends in
+``jit_impl.compile(*args, **kwargs)`` followed by ``jit_impl._kernel_cache[parse_args(...)] = kernel``.
+We replay exactly that: the model's registrations go into vLLM's own ``JitWarmupRegistry`` and its
+``warmup()`` runs, with ``JITImpl.compile`` swapped for a recorder. So the variant set, the call
+vLLM makes and the in-memory key TileLang files it under all come from vLLM and TileLang; nothing
+here re-derives their logic. Nothing is compiled; only TileLang's phase-1 elaboration runs.
+
+Call ``nojit.aot.vllm_env.install_deployment_platform(facts)`` before using this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+from collections.abc import Iterator, Mapping
+from dataclasses import astuple, dataclass, fields
+from types import SimpleNamespace
+from typing import Any
+
+from nojit.aot.vllm_env import installed_platform
+from nojit.loader.errors import BuildError
+
+OWNERS_MODULE = "vllm.model_executor.kernels.mhc.tilelang_kernels"
+
+# Attribute names of vLLM's owner singletons in OWNERS_MODULE.
+_PRE_BIG_FUSE = "_MHC_PRE_BIG_FUSE_TILELANG_KERNEL"
+_PRENORM_GEMM = "_HC_PRENORM_GEMM_TILELANG_KERNEL"
+_POST = "_MHC_POST_TILELANG_KERNEL"
+_FUSED = "_MHC_FUSED_TILELANG_KERNEL"
+_HC_HEAD = "_HC_HEAD_FUSED_TILELANG_KERNEL"
+
+
+@dataclass(frozen=True)
+class MhcModelParams:
+    """The model numbers vLLM's DeepSeek-V4 layers pass to the mHC registrations.
+
+    ``attn_norm_eps``/``ffn_norm_eps`` are the layers' ``RMSNorm.variance_epsilon``; vLLM builds both
+    norms with ``config.rms_norm_eps``, so they default to ``rms_eps``. ``hc_post_alpha`` is
+    hard-coded to 2.0 in vLLM's layer.
+    """
+
+    hidden_size: int
+    hc_mult: int
+    rms_eps: float
+    hc_eps: float
+    sinkhorn_iters: int
+    hc_post_alpha: float = 2.0
+    attn_norm_eps: float | None = None
+    ffn_norm_eps: float | None = None
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> MhcModelParams:
+        """Read the fields of transformers' ``DeepseekV4Config`` (a parsed config.json)."""
+        try:
+            return cls(
+                hidden_size=int(config["hidden_size"]),
+                hc_mult=int(config["hc_mult"]),
+                rms_eps=float(config["rms_norm_eps"]),
+                hc_eps=float(config["hc_eps"]),
+                sinkhorn_iters=int(config["hc_sinkhorn_iters"]),
+            )
+        except KeyError as exc:
+            raise BuildError(f"model config lacks {exc.args[0]!r} needed by the mHC kernels") from exc
+
+    @property
+    def attn_eps(self) -> float:
+        return self.rms_eps if self.attn_norm_eps is None else self.attn_norm_eps
+
+    @property
+    def ffn_eps(self) -> float:
+        return self.rms_eps if self.ffn_norm_eps is None else self.ffn_norm_eps
+
+
+@dataclass(frozen=True)
+class TileLangVariant:
+    """One TileLang specialization vLLM compiles, as plain picklable data (no vLLM/TileLang objects).
+
+    ``key`` is the exact ``JITImpl._kernel_cache`` key, ``(phase1, phase2)``: phase 1 is every
+    non-tensor parameter of the kernel function in signature order with defaults filled in.
+    ``compile_kwargs`` are those same parameters by name, for ``jit_impl.compile(**kwargs)``.
+    ``call_args``/``call_kwargs`` name the parameters vLLM passed positionally / by keyword.
+    """
+
+    kernel: str
+    key: tuple[Any, ...]
+    compile_kwargs: tuple[tuple[str, Any], ...]
+    owner: str
+    compile_key: tuple[tuple[str, Any], ...]
+    call_args: tuple[str, ...]
+    call_kwargs: tuple[str, ...]
+
+    @property
+    def phase1_key(self) -> tuple[Any, ...]:
+        return self.key[0]
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.compile_kwargs)
+
+    @property
+    def function_name(self) -> str:
+        return self.kernel.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+
+    @property
+    def variant_id(self) -> str:
+        """Stable short name: function name plus a digest of (kernel, key)."""
+        digest = hashlib.sha256(repr((self.kernel, self.key)).encode()).hexdigest()[:12]
+        return f"{self.function_name}-{digest}"
+
+
+def resolve(qualified: str) -> Any:
+    """Import ``"module:attr"`` (dots allowed in attr)."""
+    module_name, _, attr = qualified.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def kernel_identity(jit_impl: Any) -> str:
+    fn = jit_impl.func.orig_func
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+@dataclass
+class _Recorded:
+    """What one intercepted ``JITImpl.compile`` call saw; stands in for the compiled kernel."""
+
+    jit_impl: Any
+    owner: str
+    compile_key: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+def _register_like_deepseek_v4(
+    tk: Any, model: MhcModelParams, deep_gemm: bool, pp_first_rank: bool, pp_last_rank: bool, vllm_config: Any
+) -> None:
+    """The calls of vllm/models/deepseek_v4/nvidia/model.py (decoder layer and model ``__init__``).
+
+    Every decoder layer registers the same arguments except ``include_broadcast_splits``, true only
+    for layer 0 on the first PP rank; the registry deduplicates equal registrations, so two layers
+    (0 and any other) reproduce all of them. The MTP block is another decoder layer (no broadcast).
+    """
+    for layer_index in (0, 1):
+        getattr(tk, _PRE_BIG_FUSE).register_warmup(
+            vllm_config,
+            hidden_size=model.hidden_size,
+            hc_mult=model.hc_mult,
+            use_norm_weight=True,
+            include_pre_gemm_splits=deep_gemm,
+            include_broadcast_splits=pp_first_rank and layer_index == 0,
+            rms_eps=model.rms_eps,
+            hc_pre_eps=model.hc_eps,
+            hc_sinkhorn_eps=model.hc_eps,
+            hc_post_mult_value=model.hc_post_alpha,
+            sinkhorn_repeat=model.sinkhorn_iters,
+            norm_eps=(model.attn_eps, model.ffn_eps),
+            broadcast_norm_eps=model.attn_eps,
+        )
+        if not deep_gemm:
+            getattr(tk, _PRENORM_GEMM).register_warmup(
+                vllm_config,
+                hidden_size=model.hidden_size,
+                hc_mult=model.hc_mult,
+                n_out=model.hc_mult * (2 + model.hc_mult),
+            )
+        getattr(tk, _POST).register_warmup(hidden_size=model.hidden_size, hc_mult=model.hc_mult)
+        getattr(tk, _FUSED).register_warmup(vllm_config, hidden_size=model.hidden_size, hc_mult=model.hc_mult)
+    if pp_last_rank:
+        getattr(tk, _HC_HEAD).register_warmup(
+            hidden_size=model.hidden_size, hc_mult=model.hc_mult, rms_eps=model.rms_eps, hc_eps=model.hc_eps
+        )
+
+
+@contextlib.contextmanager
+def _recording_compiles(tk: Any, owner_names: list[str]) -> Iterator[list[TileLangVariant]]:
+    """Swap ``JITImpl.compile`` for a recorder while vLLM's warmup runs.
+
+    The recorder does what the real ``compile`` does before lowering (``initialize_jit_mode``, so
+    ``parse_args`` can elaborate) and returns a ``_Recorded``; vLLM's ``compile_tilelang`` then
+    files it under TileLang's own key. Each record is read back when the next compile starts (and
+    at the end), before another owner key could overwrite the same cache slot.
+    """
+    from tilelang.jit import JITImpl
+
+    owners = {name: getattr(tk, name) for name in owner_names}
+    variants: list[TileLangVariant] = []
+    pending: list[_Recorded] = []
+
+    def record(self: Any, *args: Any, **kwargs: Any) -> _Recorded:
+        if pending:
+            variants.append(_variant(pending.pop()))
+        warming = [(name, o._warming_key) for name, o in owners.items() if o._warming_key is not None]
+        if len(warming) != 1:
+            raise BuildError(f"TileLang compile outside exactly one vLLM owner warmup: {warming}")
+        self.initialize_jit_mode(*args, **kwargs)
+        rec = _Recorded(self, f"{OWNERS_MODULE}:{warming[0][0]}", warming[0][1], args, dict(kwargs))
+        pending.append(rec)
+        return rec
+
+    original = JITImpl.compile
+    JITImpl.compile = record  # type: ignore[method-assign]
+    try:
+        yield variants
+    finally:
+        JITImpl.compile = original  # type: ignore[method-assign]
+    if pending:
+        variants.append(_variant(pending.pop()))
+
+
+def _take_key(rec: _Recorded) -> tuple[Any, ...]:
+    """Pop the entry vLLM's ``compile_tilelang`` filed for this record; its key is TileLang's."""
+    cache = rec.jit_impl._kernel_cache
+    keys = [k for k, v in cache.items() if v is rec]
+    if len(keys) != 1:
+        raise BuildError(f"expected vLLM to file one TileLang cache entry per compile, found {len(keys)}")
+    del cache[keys[0]]
+    return keys[0]
+
+
+def _variant(rec: _Recorded) -> TileLangVariant:
+    jit_impl = rec.jit_impl
+    key = _take_key(rec)
+    p1_key, _tensors, compile_kwargs = jit_impl.func._parse_phase1_key(*rec.args, **rec.kwargs)
+    if p1_key != key[0]:
+        raise BuildError(f"TileLang phase-1 key {p1_key!r} differs from its cache key {key!r}")
+    # The variant is compiled later from kwargs alone: check TileLang files that call under the same key.
+    kw_key, _ = jit_impl.func.parse_args(**compile_kwargs)
+    if kw_key != key:
+        raise BuildError(f"compile(**kwargs) keys as {kw_key!r}, vLLM's call as {key!r}")
+    names = list(jit_impl.signature.parameters)
+    return TileLangVariant(
+        kernel=kernel_identity(jit_impl),
+        key=key,
+        compile_kwargs=tuple(compile_kwargs.items()),
+        owner=rec.owner,
+        compile_key=tuple((f.name, v) for f, v in zip(fields(rec.compile_key), astuple(rec.compile_key))),
+        call_args=tuple(names[: len(rec.args)]),
+        call_kwargs=tuple(rec.kwargs),
+    )
+
+
+def enumerate_mhc_variants(
+    model: MhcModelParams,
+    max_num_batched_tokens: int,
+    deep_gemm: bool,
+    pp_first_rank: bool = True,
+    pp_last_rank: bool = True,
+) -> list[TileLangVariant]:
+    """Every TileLang variant vLLM's DeepSeek-V4 warmup compiles, deduplicated by (kernel, key).
+
+    ``deep_gemm`` is what ``is_deep_gemm_supported()`` answers on the deployment (it decides the
+    pre-GEMM split rows and whether the TileLang pre-norm GEMM fallback is registered). The SM
+    count behind the split choice and the PDL flag baked into the kernels come from the installed
+    platform facts.
+    """
+    facts = installed_platform()
+    if facts is None:
+        raise BuildError(
+            "the deployment platform is not installed", fix="call install_deployment_platform(facts) first"
+        )
+    if facts.deep_gemm != deep_gemm:
+        raise BuildError(f"deep_gemm={deep_gemm} contradicts the installed platform facts ({facts.deep_gemm})")
+    tk = importlib.import_module(OWNERS_MODULE)
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    # get_warmup_keys reads only scheduler_config.max_num_batched_tokens from the config.
+    vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens))
+    registry = JitWarmupRegistry(vllm_config)
+    with registry.activate():
+        _register_like_deepseek_v4(tk, model, deep_gemm, pp_first_rank, pp_last_rank, vllm_config)
+    owner_names = [_PRE_BIG_FUSE, _PRENORM_GEMM, _POST, _FUSED, _HC_HEAD]
+    with _recording_compiles(tk, owner_names) as recorded:
+        registry.warmup()
+    variants: dict[tuple[str, Any], TileLangVariant] = {}
+    for v in recorded:
+        variants.setdefault((v.kernel, v.key), v)
+    return list(variants.values())

@@ -1,0 +1,216 @@
+"""Compile one Triton key to an sm_90 cubin on a machine with no GPU, the way the JIT would.
+
+Triton's JIT goes binder -> `_pack_args` -> `ASTSource` -> `triton.compile`. The build
+uses those same functions of the installed Triton (3.6 and 3.8 differ in `_pack_args`
+details that change the compile hash), with the target stated instead of read from a
+driver. The result carries everything the loader's launcher needs, and the parameter
+layout is checked against the PTX prototype the compiler itself emitted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from nojit.loader.errors import BuildError
+from nojit.loader.manifest import TritonLaunch
+from nojit.loader.triton_key import Key, options_key
+
+TARGET_ARCH = 90
+WARP_SIZE = 32
+
+_TYPE_CODES = {
+    "i1": "c", "u1": "c", "i8": "c", "u8": "c", "i16": "h", "u16": "H", "i32": "i", "u32": "u",
+    "i64": "l", "u64": "L", "fp16": "e", "bf16": "b", "fp32": "f", "f32": "f", "fp64": "d",
+}
+_CODE_BYTES = {"p": 8, "l": 8, "L": 8, "d": 8, "i": 4, "u": 4, "f": 4, "h": 2, "H": 2, "e": 2, "b": 2, "c": 1}
+_PTX_BYTES = {"64": 8, "32": 4, "16": 2, "8": 1}
+
+
+def gpu_target() -> Any:
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", TARGET_ARCH, WARP_SIZE)
+
+
+class OfflineDriver:
+    """Answers the device questions Triton's JIT front end asks, for a build with no GPU.
+
+    Only `get_current_device`/`get_current_target` are consulted while deriving keys
+    (vLLM's own key deriver and `JITFunction.device_caches`); anything that would need a
+    real device raises.
+    """
+
+    def __init__(self) -> None:
+        self.target = gpu_target()
+
+    def is_active(self) -> bool:
+        return True
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+    def __getattr__(self, name: str) -> Any:
+        raise BuildError(
+            f"the build touched Triton's driver ({name}); compiling must not need a GPU",
+            fix="this is a nojit bug: report the kernel being enumerated",
+        )
+
+
+def install_offline_driver() -> None:
+    from triton.runtime import driver
+
+    driver.set_active(OfflineDriver())
+
+
+def ptx_param_bytes(ptx: str, symbol: str) -> list[int]:
+    """Byte size of each parameter of `.entry symbol(...)` in the PTX Triton produced."""
+    m = re.search(r"\.entry\s+" + re.escape(symbol) + r"\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        raise BuildError(f"no .entry {symbol} in the PTX", fix="this is a nojit bug: report the kernel")
+    sizes = []
+    for decl in re.findall(r"\.param\s+([^,]*?)(?:,|$)", m.group(1), re.S):
+        t = re.search(r"\.[usbf](64|32|16|8)\b", decl)
+        if t is None:
+            raise BuildError(f"unparsed PTX parameter {decl!r} of {symbol}", fix="this is a nojit bug")
+        array = re.search(r"\[(\d+)\]", decl)
+        sizes.append(_PTX_BYTES[t.group(1)] * (int(array.group(1)) if array else 1))
+    return sizes
+
+
+def to_triton_specialization(spec: tuple) -> list[tuple[Any, Any]]:
+    """Our key's spec -> the specialization list Triton's `_pack_args` takes."""
+    out = []
+    for ty, attr in spec:
+        if ty == "constexpr":
+            out.append(("constexpr", constexpr_value(attr)))
+        elif attr is None or isinstance(attr, str):
+            out.append((ty, attr))
+        else:
+            out.append((ty, attr[1]))
+    return out
+
+
+def constexpr_value(tagged: tuple[str, Any]) -> Any:
+    kind, value = tagged
+    if kind in ("int", "bool", "float", "str", "NoneType"):
+        return value
+    if kind == "dtype":
+        import triton.language as tl
+
+        return tl.dtype(value)
+    if kind == "tuple":
+        return tuple(constexpr_value(v) for v in value)
+    raise BuildError(f"cannot rebuild a constexpr of kind {kind!r} from a key", fix="report the kernel to nojit")
+
+
+@dataclass(frozen=True)
+class CompiledTriton:
+    cubin: bytes
+    launch: TritonLaunch
+    ptxas_version: str
+
+
+def compile_key(fn: Any, key: Key) -> CompiledTriton:
+    """Compile `fn` for exactly this key, for sm_90, through the installed Triton."""
+    import triton
+    from triton.compiler import ASTSource, make_backend
+
+    target = gpu_target()
+    backend = make_backend(target)
+    spec, options_items = key
+    if len(spec) != len(fn.params):
+        raise BuildError(
+            f"key for {fn.__module__}:{fn.__qualname__} has {len(spec)} parameters, the kernel has {len(fn.params)}",
+            fix="the recorded key is from another version of this kernel: record it again",
+        )
+    specialization = to_triton_specialization(spec)
+    kwargs = {name: constexpr_value(tagged) for name, tagged in options_items}
+    bound_args = {p.name: (v if t == "constexpr" else None) for p, (t, v) in zip(fn.params, specialization)}
+    options, signature, constexprs, attrs = fn._pack_args(backend, dict(kwargs), bound_args, specialization, kwargs)
+    src = ASTSource(fn, signature, constexprs, attrs)
+    compiled = triton.compile(src, target=target, options=options.__dict__)
+    md = compiled.metadata
+    if getattr(md, "tensordesc_meta", None):
+        raise BuildError(f"{fn.__qualname__}: tensor-descriptor (TMA) arguments are not supported yet",
+                         fix="leave this kernel out of the bundle")
+    args = []
+    for index, (ty, _attr) in enumerate(specialization):
+        if ty == "constexpr":
+            continue
+        if ty.startswith("*"):
+            args.append((index, "p"))
+        elif ty in _TYPE_CODES:
+            args.append((index, _TYPE_CODES[ty]))
+        else:
+            raise BuildError(f"{fn.__qualname__}: parameter type {ty!r} is not supported by the launcher",
+                             fix="leave this kernel out of the bundle")
+    symbol = md.name
+    expected = [_CODE_BYTES[c] for _, c in args] + [8, 8]  # + global and profile scratch pointers
+    found = ptx_param_bytes(compiled.asm["ptx"], symbol)
+    if found != expected:
+        raise BuildError(
+            f"{fn.__qualname__}: parameter layout {expected} does not match the compiled PTX {found}",
+            fix="this Triton's launch ABI differs from what nojit supports: report the Triton version",
+        )
+    cluster = tuple(getattr(md, "cluster_dims", None) or (1, 1, 1))
+    launch = TritonLaunch(
+        symbol=symbol,
+        num_warps=int(md.num_warps),
+        num_ctas=int(md.num_ctas),
+        cluster_dims=(int(cluster[0]), int(cluster[1]), int(cluster[2])) if len(cluster) == 3 else (1, 1, 1),
+        shared=int(md.shared),
+        global_scratch_size=int(md.global_scratch_size),
+        global_scratch_align=max(1, int(md.global_scratch_align)),
+        profile_scratch_size=int(getattr(md, "profile_scratch_size", 0)),
+        profile_scratch_align=max(1, int(getattr(md, "profile_scratch_align", 1))),
+        launch_pdl=bool(getattr(md, "launch_pdl", False)),
+        launch_cooperative_grid=bool(getattr(md, "launch_cooperative_grid", False)),
+        args=tuple(args),
+        compile_hash=str(compiled.hash),
+    )
+    return CompiledTriton(bytes(compiled.asm["cubin"]), launch, ptxas_version())
+
+
+_ptxas: str | None = None
+
+
+def ptxas_version() -> str:
+    """The ptxas Triton compiles with (part of its cache hash and of the bundle's provenance)."""
+    global _ptxas
+    if _ptxas is None:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        text = str(get_ptxas_version(TARGET_ARCH))
+        m = re.search(r"V(\d+\.\d+\.\d+)", text) or re.search(r"release (\d+\.\d+)", text)
+        _ptxas = m.group(1) if m else text.strip().splitlines()[-1]
+    return _ptxas
+
+
+def key_for_call(fn: Any, args: tuple, kwargs: dict, backend: Any = None) -> Key:
+    """The key Triton's own binder computes for a call (ground truth for the build and tests)."""
+    import triton
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    from nojit.loader.triton_key import from_triton_specialization
+
+    backend = backend or make_backend(gpu_target())
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = dict(kwargs)
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
+    kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
+    _bound, specialization, options = binder(*args, **kwargs)
+    return (from_triton_specialization(specialization), options_key(options))

@@ -1,0 +1,386 @@
+/*
+ * nojit C launcher. See nojit_cuda.h for the contract.
+ *
+ * The few driver types used here are declared locally with the layout the CUDA driver
+ * ABI fixes (checked against the real cuda.h by tests/test_csrc_abi.py), so building
+ * needs no CUDA headers. Entry points are resolved with dlsym from libcuda.so.1.
+ */
+#define _GNU_SOURCE
+#include "nojit_cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nojit_cuda_abi.h"
+
+typedef CUresult (*fn_cuInit)(unsigned int);
+typedef CUresult (*fn_cuDriverGetVersion)(int *);
+typedef CUresult (*fn_cuGetErrorName)(CUresult, const char **);
+typedef CUresult (*fn_cuGetErrorString)(CUresult, const char **);
+typedef CUresult (*fn_cuCtxGetCurrent)(CUcontext *);
+typedef CUresult (*fn_cuCtxSetCurrent)(CUcontext);
+typedef CUresult (*fn_cuDeviceGet)(CUdevice *, int);
+typedef CUresult (*fn_cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+typedef CUresult (*fn_cuModuleLoadData)(CUmodule *, const void *);
+typedef CUresult (*fn_cuModuleUnload)(CUmodule);
+typedef CUresult (*fn_cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*fn_cuFuncGetAttribute)(int *, int, CUfunction);
+typedef CUresult (*fn_cuFuncSetAttribute)(CUfunction, int, int);
+typedef CUresult (*fn_cuFuncSetCacheConfig)(CUfunction, int);
+typedef CUresult (*fn_cuLaunchKernelEx)(const NjLaunchConfig *, CUfunction, void **, void **);
+
+static struct {
+  void *lib;
+  int initialized;
+  CUresult init_status;
+  fn_cuInit cuInit;
+  fn_cuDriverGetVersion cuDriverGetVersion;
+  fn_cuGetErrorName cuGetErrorName;
+  fn_cuGetErrorString cuGetErrorString;
+  fn_cuCtxGetCurrent cuCtxGetCurrent;
+  fn_cuCtxSetCurrent cuCtxSetCurrent;
+  fn_cuDeviceGet cuDeviceGet;
+  fn_cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRetain;
+  fn_cuModuleLoadData cuModuleLoadData;
+  fn_cuModuleUnload cuModuleUnload;
+  fn_cuModuleGetFunction cuModuleGetFunction;
+  fn_cuFuncGetAttribute cuFuncGetAttribute;
+  fn_cuFuncSetAttribute cuFuncSetAttribute;
+  fn_cuFuncSetCacheConfig cuFuncSetCacheConfig;
+  fn_cuLaunchKernelEx cuLaunchKernelEx;
+} drv;
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || errlen == 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+static int driver_error(CUresult rc, const char *call, char *err, size_t errlen) {
+  const char *name = "?";
+  const char *text = "";
+  if (drv.cuGetErrorName)
+    drv.cuGetErrorName(rc, &name);
+  if (drv.cuGetErrorString)
+    drv.cuGetErrorString(rc, &text);
+  set_err(err, errlen, "%s failed: %s (%d): %s", call, name ? name : "?", (int)rc, text ? text : "");
+  return (int)rc;
+}
+
+#define RESOLVE(name)                                                                   \
+  do {                                                                                  \
+    drv.name = (fn_##name)dlsym(drv.lib, #name);                                        \
+    if (!drv.name) {                                                                    \
+      set_err(err, errlen, "libcuda.so.1 lacks %s (driver too old?)", #name);           \
+      return NOJIT_ERR_NO_DRIVER;                                                       \
+    }                                                                                   \
+  } while (0)
+
+static int init_locked(char *err, size_t errlen) {
+  if (drv.initialized)
+    return drv.init_status == 0 ? 0 : driver_error(drv.init_status, "cuInit", err, errlen);
+  drv.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!drv.lib) {
+    const char *why = dlerror();
+    set_err(err, errlen, "cannot open libcuda.so.1 (no NVIDIA driver on this machine?): %s",
+            why ? why : "unknown");
+    return NOJIT_ERR_NO_DRIVER;
+  }
+  RESOLVE(cuInit);
+  RESOLVE(cuDriverGetVersion);
+  RESOLVE(cuGetErrorName);
+  RESOLVE(cuGetErrorString);
+  RESOLVE(cuCtxGetCurrent);
+  RESOLVE(cuCtxSetCurrent);
+  RESOLVE(cuDeviceGet);
+  RESOLVE(cuDevicePrimaryCtxRetain);
+  RESOLVE(cuModuleLoadData);
+  RESOLVE(cuModuleUnload);
+  RESOLVE(cuModuleGetFunction);
+  RESOLVE(cuFuncGetAttribute);
+  RESOLVE(cuFuncSetAttribute);
+  RESOLVE(cuFuncSetCacheConfig);
+  RESOLVE(cuLaunchKernelEx);
+  drv.init_status = drv.cuInit(0);
+  drv.initialized = 1;
+  if (drv.init_status != 0)
+    return driver_error(drv.init_status, "cuInit", err, errlen);
+  return 0;
+}
+
+int nojit_init(char *err, size_t errlen) {
+  if (drv.initialized && drv.init_status == 0)
+    return 0;
+  pthread_mutex_lock(&init_lock);
+  int rc = init_locked(err, errlen);
+  pthread_mutex_unlock(&init_lock);
+  return rc;
+}
+
+int nojit_driver_version(int *version, char *err, size_t errlen) {
+  int rc = nojit_init(err, errlen);
+  if (rc)
+    return rc;
+  CUresult r = drv.cuDriverGetVersion(version);
+  return r ? driver_error(r, "cuDriverGetVersion", err, errlen) : 0;
+}
+
+int nojit_ensure_context(int device, char *err, size_t errlen) {
+  int rc = nojit_init(err, errlen);
+  if (rc)
+    return rc;
+  CUcontext ctx = NULL;
+  CUresult r = drv.cuCtxGetCurrent(&ctx);
+  if (r)
+    return driver_error(r, "cuCtxGetCurrent", err, errlen);
+  if (ctx)
+    return 0;
+  CUdevice dev;
+  r = drv.cuDeviceGet(&dev, device);
+  if (r)
+    return driver_error(r, "cuDeviceGet", err, errlen);
+  r = drv.cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r)
+    return driver_error(r, "cuDevicePrimaryCtxRetain", err, errlen);
+  r = drv.cuCtxSetCurrent(ctx);
+  return r ? driver_error(r, "cuCtxSetCurrent", err, errlen) : 0;
+}
+
+int nojit_load(const void *image, size_t image_size, const char *symbol, uint32_t dynamic_smem,
+               uint64_t *module_out, uint64_t *function_out, int *num_regs_out,
+               int *max_threads_out, char *err, size_t errlen) {
+  int rc = nojit_init(err, errlen);
+  if (rc)
+    return rc;
+  if (!image || image_size < 4 || !symbol) {
+    set_err(err, errlen, "nojit_load: empty image or symbol");
+    return NOJIT_ERR_BAD_ARGUMENT;
+  }
+  CUmodule mod = NULL;
+  CUresult r = drv.cuModuleLoadData(&mod, image);
+  if (r)
+    return driver_error(r, "cuModuleLoadData", err, errlen);
+  CUfunction fn = NULL;
+  r = drv.cuModuleGetFunction(&fn, mod, symbol);
+  if (r) {
+    rc = driver_error(r, "cuModuleGetFunction", err, errlen);
+    drv.cuModuleUnload(mod);
+    return rc;
+  }
+  if (dynamic_smem > 49152) {
+    r = drv.cuFuncSetCacheConfig(fn, NJ_FUNC_CACHE_PREFER_SHARED);
+    if (!r)
+      r = drv.cuFuncSetAttribute(fn, NJ_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)dynamic_smem);
+    if (r) {
+      rc = driver_error(r, "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", err, errlen);
+      drv.cuModuleUnload(mod);
+      return rc;
+    }
+  }
+  int regs = 0, max_threads = 0;
+  drv.cuFuncGetAttribute(&regs, NJ_FUNC_ATTRIBUTE_NUM_REGS, fn);
+  drv.cuFuncGetAttribute(&max_threads, NJ_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn);
+  *module_out = (uint64_t)(uintptr_t)mod;
+  *function_out = (uint64_t)(uintptr_t)fn;
+  if (num_regs_out)
+    *num_regs_out = regs;
+  if (max_threads_out)
+    *max_threads_out = max_threads;
+  return 0;
+}
+
+int nojit_unload(uint64_t module, char *err, size_t errlen) {
+  int rc = nojit_init(err, errlen);
+  if (rc)
+    return rc;
+  CUresult r = drv.cuModuleUnload((CUmodule)(uintptr_t)module);
+  return r ? driver_error(r, "cuModuleUnload", err, errlen) : 0;
+}
+
+/* Half-precision conversions, round to nearest even, for the rare fp16/bf16 scalar. */
+static uint16_t to_bf16(double d) {
+  float f = (float)d;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static uint16_t to_fp16(double d) {
+  float f = (float)d;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0xff)
+    return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+  if (exp >= 31)
+    return (uint16_t)(sign | 0x7c00u);
+  if (exp <= 0) {
+    if (exp < -10)
+      return (uint16_t)sign;
+    mant |= 0x800000u;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1)))
+      half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1)))
+    half++;
+  return (uint16_t)half;
+}
+
+static int pack_args(const char *types, const uint64_t *values, int n, uint64_t *slots,
+                     void **params, char *err, size_t errlen) {
+  for (int i = 0; i < n; i++) {
+    uint64_t v = values[i];
+    double d;
+    switch (types[i]) {
+    case 'p':
+    case 'l':
+    case 'L':
+      slots[i] = v;
+      break;
+    case 'i':
+    case 'u': {
+      uint32_t x = (uint32_t)v;
+      memcpy(&slots[i], &x, 4);
+      break;
+    }
+    case 'h':
+    case 'H': {
+      uint16_t x = (uint16_t)v;
+      memcpy(&slots[i], &x, 2);
+      break;
+    }
+    case 'c': {
+      uint8_t x = (uint8_t)v;
+      memcpy(&slots[i], &x, 1);
+      break;
+    }
+    case 'f': {
+      memcpy(&d, &v, 8);
+      float f = (float)d;
+      memcpy(&slots[i], &f, 4);
+      break;
+    }
+    case 'd':
+      slots[i] = v;
+      break;
+    case 'e': {
+      memcpy(&d, &v, 8);
+      uint16_t x = to_fp16(d);
+      memcpy(&slots[i], &x, 2);
+      break;
+    }
+    case 'b': {
+      memcpy(&d, &v, 8);
+      uint16_t x = to_bf16(d);
+      memcpy(&slots[i], &x, 2);
+      break;
+    }
+    default:
+      set_err(err, errlen, "argument %d has unknown type code '%c'", i, types[i] ? types[i] : '0');
+      return NOJIT_ERR_BAD_ARGUMENT;
+    }
+    params[i] = &slots[i];
+  }
+  return 0;
+}
+
+int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
+                 uint32_t block_x, uint32_t block_y, uint32_t block_z, uint32_t shared_bytes,
+                 uint64_t stream, const char *arg_types, const uint64_t *arg_values, int num_args,
+                 uint32_t cluster_x, uint32_t cluster_y, uint32_t cluster_z, int pdl,
+                 int cooperative, char *err, size_t errlen) {
+  if (grid_x == 0 || grid_y == 0 || grid_z == 0)
+    return 0;
+  if (!drv.initialized || drv.init_status != 0) {
+    int rc = nojit_init(err, errlen);
+    if (rc)
+      return rc;
+  }
+  if (num_args < 0 || (num_args > 0 && (!arg_types || !arg_values)) ||
+      (arg_types && (int)strlen(arg_types) != num_args)) {
+    set_err(err, errlen, "nojit_launch: %d arguments but type string '%s'", num_args,
+            arg_types ? arg_types : "(null)");
+    return NOJIT_ERR_BAD_ARGUMENT;
+  }
+  uint64_t fast_slots[NOJIT_MAX_FAST_ARGS];
+  void *fast_params[NOJIT_MAX_FAST_ARGS];
+  uint64_t *slots = fast_slots;
+  void **params = fast_params;
+  if (num_args > NOJIT_MAX_FAST_ARGS) {
+    slots = (uint64_t *)calloc((size_t)num_args, sizeof(uint64_t));
+    params = (void **)calloc((size_t)num_args, sizeof(void *));
+    if (!slots || !params) {
+      free(slots);
+      free(params);
+      set_err(err, errlen, "nojit_launch: out of host memory for %d arguments", num_args);
+      return NOJIT_ERR_OUT_OF_MEMORY;
+    }
+  }
+  int rc = pack_args(arg_types, arg_values, num_args, slots, params, err, errlen);
+  if (!rc) {
+    NjLaunchAttribute attrs[4];
+    unsigned n_attrs = 0;
+    memset(attrs, 0, sizeof(attrs));
+    if (cluster_x * cluster_y * cluster_z > 1) {
+      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attrs[n_attrs].value.clusterDim.x = cluster_x;
+      attrs[n_attrs].value.clusterDim.y = cluster_y;
+      attrs[n_attrs].value.clusterDim.z = cluster_z;
+      n_attrs++;
+      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+      attrs[n_attrs].value.clusterSchedulingPolicyPreference = NJ_CLUSTER_SCHEDULING_POLICY_SPREAD;
+      n_attrs++;
+    }
+    if (pdl) {
+      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
+      n_attrs++;
+    }
+    if (cooperative) {
+      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_COOPERATIVE;
+      attrs[n_attrs].value.cooperative = 1;
+      n_attrs++;
+    }
+    NjLaunchConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDimX = grid_x;
+    cfg.gridDimY = grid_y;
+    cfg.gridDimZ = grid_z;
+    cfg.blockDimX = block_x;
+    cfg.blockDimY = block_y;
+    cfg.blockDimZ = block_z;
+    cfg.sharedMemBytes = shared_bytes;
+    cfg.hStream = (CUstream)(uintptr_t)stream;
+    cfg.attrs = n_attrs ? attrs : NULL;
+    cfg.numAttrs = n_attrs;
+    CUresult r = drv.cuLaunchKernelEx(&cfg, (CUfunction)(uintptr_t)function, params, NULL);
+    if (r)
+      rc = driver_error(r, "cuLaunchKernelEx", err, errlen);
+  }
+  if (slots != fast_slots) {
+    free(slots);
+    free(params);
+  }
+  return rc;
+}

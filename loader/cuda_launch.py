@@ -1,0 +1,141 @@
+"""Python face of the C launcher: modules loaded once per device, launches on torch's stream.
+
+Everything CUDA goes through nojit.loader._cuda_launcher (csrc/), which opens libcuda at
+run time: no Triton driver object, no host compiler, no CUDA toolkit. A cubin is loaded
+into the current context of the device the launch happens on, once, on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from nojit.loader.errors import LaunchError
+
+_ERRLEN = 512
+
+
+def _lib():  # imported lazily: CPU-only tools (inspect, tests) never need the C extension
+    from nojit.loader import _cuda_launcher
+
+    return _cuda_launcher
+
+
+@dataclass(frozen=True)
+class LoadedFunction:
+    module: int
+    function: int
+    num_regs: int
+    max_threads: int
+
+
+class CudaLauncher:
+    """Loads cubins (cached per device and blob) and launches them."""
+
+    def __init__(self) -> None:
+        m = _lib()
+        self._ffi = m.ffi
+        self._c = m.lib
+        self._err = self._ffi.new("char[]", _ERRLEN)
+        self._lock = threading.Lock()
+        self._loaded: dict[tuple[int, str], LoadedFunction] = {}
+        self.loads = 0
+
+    def _fail(self, what: str, rc: int) -> LaunchError:
+        msg = self._ffi.string(self._err).decode(errors="replace")
+        return LaunchError(f"{what}: {msg} (code {rc})", fix=_fix_for(msg))
+
+    def driver_version(self) -> int:
+        out = self._ffi.new("int *")
+        rc = self._c.nojit_driver_version(out, self._err, _ERRLEN)
+        if rc:
+            raise self._fail("CUDA driver", rc)
+        return int(out[0])
+
+    def function(self, device: int, blob: str, image_fn, symbol: str, dynamic_smem: int) -> LoadedFunction:
+        """The loaded function for (device, blob); `image_fn()` supplies the cubin on first use."""
+        key = (device, blob)
+        loaded = self._loaded.get(key)
+        if loaded is not None:
+            return loaded
+        with self._lock:
+            loaded = self._loaded.get(key)
+            if loaded is None:
+                loaded = self._load(device, image_fn(), symbol, dynamic_smem)
+                self._loaded[key] = loaded
+        return loaded
+
+    def _load(self, device: int, image: bytes, symbol: str, dynamic_smem: int) -> LoadedFunction:
+        rc = self._c.nojit_ensure_context(device, self._err, _ERRLEN)
+        if rc:
+            raise self._fail(f"CUDA context for device {device}", rc)
+        mod = self._ffi.new("uint64_t *")
+        fn = self._ffi.new("uint64_t *")
+        regs = self._ffi.new("int *")
+        threads = self._ffi.new("int *")
+        rc = self._c.nojit_load(image, len(image), symbol.encode(), dynamic_smem, mod, fn, regs, threads, self._err, _ERRLEN)
+        if rc:
+            raise self._fail(f"loading kernel {symbol}", rc)
+        self.loads += 1
+        return LoadedFunction(int(mod[0]), int(fn[0]), int(regs[0]), int(threads[0]))
+
+    def launch(
+        self,
+        function: int,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared: int,
+        stream: int,
+        arg_types: bytes,
+        arg_values: list[int],
+        cluster: tuple[int, int, int],
+        pdl: bool,
+        cooperative: bool,
+    ) -> None:
+        rc = self._c.nojit_launch(
+            function,
+            grid[0],
+            grid[1],
+            grid[2],
+            block[0],
+            block[1],
+            block[2],
+            shared,
+            stream,
+            arg_types,
+            arg_values,
+            len(arg_values),
+            cluster[0],
+            cluster[1],
+            cluster[2],
+            int(pdl),
+            int(cooperative),
+            self._err,
+            _ERRLEN,
+        )
+        if rc:
+            raise self._fail("kernel launch", rc)
+
+
+def _fix_for(message: str) -> str:
+    if "libcuda.so.1" in message:
+        return "run on a machine with the NVIDIA driver installed (libcuda.so.1 on the loader path)"
+    if "NO_BINARY_FOR_GPU" in message or "INVALID_IMAGE" in message:
+        return "the bundle's cubins are for another GPU architecture: build a bundle for this GPU"
+    if "UNSUPPORTED_PTX_VERSION" in message or "INVALID_PTX" in message:
+        return "the driver is too old for these cubins: upgrade the NVIDIA driver"
+    return "check the CUDA driver and the GPU state; rerun with NOJIT_MODE=permissive to fall back to the JIT"
+
+
+_launcher: CudaLauncher | None = None
+_launcher_lock = threading.Lock()
+
+
+def launcher() -> CudaLauncher:
+    """The process-wide launcher (created on first use)."""
+    global _launcher
+    if _launcher is None:
+        with _launcher_lock:
+            if _launcher is None:
+                _launcher = CudaLauncher()
+    return _launcher

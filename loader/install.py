@@ -1,0 +1,195 @@
+"""Install a bundle into this process: the one public entry point of the loader.
+
+`install()` opens the bundle, refuses it if it does not match this process (versions,
+kernel source), puts a bundle server on every bundled Triton kernel and TileLang kernel,
+and, in strict mode, closes every path to a compiler. It is safe to call more than once
+(the second call returns the first installation).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nojit.loader.bundle_file import Bundle
+from nojit.loader.errors import BundleError, BundleMismatchError, NoJitError
+from nojit.loader.guards import install_strict_guards
+from nojit.loader.policy import KeyRecorder, ServingPolicy
+from nojit.loader.settings import Mode, settings
+from nojit.loader.versions import RuntimeVersions, check_source, check_versions
+
+log = logging.getLogger("nojit")
+
+Resolver = Callable[[str], Any]
+
+
+def resolve_object(kernel_id: str) -> Any:
+    """The live object named "module:qualname" (importing the module)."""
+    module_name, _, qualname = kernel_id.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BundleMismatchError(
+            f"kernel {kernel_id}: module {module_name} cannot be imported ({exc})",
+            fix="the installed vLLM does not have this kernel: rebuild the bundle against it with `nojit build`",
+        ) from None
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise BundleMismatchError(
+                f"kernel {kernel_id}: {module_name} has no {qualname}",
+                fix="the installed vLLM does not have this kernel: rebuild the bundle against it with `nojit build`",
+            ) from None
+    return obj
+
+
+def jit_function_of(obj: Any) -> Any:
+    """The JITFunction under autotuner/heuristics wrappers."""
+    from triton.runtime.jit import JITFunction
+
+    seen = 0
+    while not isinstance(obj, JITFunction):
+        obj = getattr(obj, "fn", None)
+        seen += 1
+        if obj is None or seen > 8:
+            return None
+    return obj
+
+
+@dataclass
+class Installation:
+    """What `install()` did; kept for introspection and tests."""
+
+    bundle: Bundle
+    policy: ServingPolicy
+    mode: Mode
+    triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
+    tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
+    allowed_differences: list[str] = field(default_factory=list)
+
+    def preload(self, device: int | None = None) -> int:
+        """Load every bundled module on `device` (default: current). Call before CUDA-graph capture."""
+        from nojit.loader.torch_cuda import current_device
+
+        dev = current_device() if device is None else device
+        return sum(s.preload(dev) for s in (*self.triton.values(), *self.tilelang.values()))
+
+    def uninstall(self) -> None:
+        """Give the kernels back their own JIT paths (tests and tools only)."""
+        for server in self.triton.values():
+            server.fn.__dict__.pop("run", None)
+        from nojit.loader import tilelang_serving
+
+        tilelang_serving.uninstall(self.tilelang)
+        self.triton.clear()
+        self.tilelang.clear()
+
+
+_lock = threading.Lock()
+_current: Installation | None = None
+
+
+def current() -> Installation | None:
+    return _current
+
+
+def install(
+    bundle_path: str | None = None,
+    mode: Mode | str | None = None,
+    resolver: Resolver | None = None,
+    allow_mismatch: frozenset[str] | None = None,
+    record_file: str | None = None,
+    kernels: set[str] | None = None,
+) -> Installation:
+    """Serve the bundle's kernels in this process.
+
+    bundle_path / mode / allow_mismatch / record_file default to NOJIT_BUNDLE, NOJIT_MODE,
+    NOJIT_ALLOW_MISMATCH and NOJIT_RECORD_FILE. resolver maps a kernel id to its live
+    object (default: import module, walk qualname). kernels limits the install to those ids.
+    """
+    global _current
+    with _lock:
+        if _current is not None:
+            return _current
+        path = bundle_path or settings.bundle
+        if not path:
+            raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`")
+        mode = Mode(mode) if mode is not None else settings.mode
+        allow = settings.allow_mismatch if allow_mismatch is None else frozenset(allow_mismatch)
+        bundle = Bundle.open(path)
+        allowed = check_versions(bundle.manifest, path, RuntimeVersions.of_this_process(), allow)
+        recorder = None
+        if mode is Mode.RECORD:
+            recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
+        policy = ServingPolicy(mode, path, recorder)
+        inst = Installation(bundle, policy, mode, allowed_differences=allowed)
+        resolve = resolver or resolve_object
+        wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
+        records = bundle.manifest.kernels
+        tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
+        if tilelang_ids:
+            from nojit.loader import tilelang_serving
+
+            inst.tilelang.update(tilelang_serving.install(bundle, tilelang_ids, policy, resolver, allow))
+        triton_ids = [k for k in wanted if records[k].runtime == "triton"]
+        if triton_ids:
+            _install_triton(inst, triton_ids, resolve, allow)
+        if mode is Mode.STRICT:
+            install_strict_guards()
+        for line in allowed:
+            log.warning("nojit: serving %s although %s (NOJIT_ALLOW_MISMATCH)", path, line)
+        if not settings.quiet:
+            log.info(
+                "nojit: serving %d Triton and %d TileLang kernels (%d entries) from %s in %s mode",
+                len(inst.triton), len(inst.tilelang), len(bundle.manifest.entries), path, mode.value,
+            )
+        _current = inst
+        return inst
+
+
+def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver, allow: frozenset[str]) -> None:
+    import triton
+    from triton._utils import canonicalize_ptr_dtype
+
+    from nojit.loader.triton_key import ArgSpecializer
+    from nojit.loader.triton_serving import TritonKernelServer
+
+    try:
+        import torch
+
+        tensor_cls: type | None = torch.Tensor
+    except ImportError:  # pragma: no cover
+        tensor_cls = None
+    specializer = ArgSpecializer(canonicalize_ptr_dtype, tensor_cls)
+    knobs = triton.knobs
+    debug = bool(knobs.runtime.debug)
+    instrumentation_mode = knobs.compilation.instrumentation_mode
+    bundle = inst.bundle
+    for kid in kernel_ids:
+        record = bundle.manifest.kernels[kid]
+        fn = jit_function_of(resolve(kid))
+        if fn is None:
+            raise BundleMismatchError(
+                f"kernel {kid} is not a Triton JITFunction in this process",
+                fix="vLLM replaced Triton with a placeholder (no GPU driver?) or the kernel changed; "
+                "rebuild the bundle against the installed vLLM",
+            )
+        if not check_source(kid, record.source_hash, fn.cache_key, bundle.path, allow):
+            log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)", kid)
+        try:
+            server = TritonKernelServer(
+                fn, record, bundle.entries(kid), bundle, inst.policy, specializer, debug, instrumentation_mode
+            )
+        except NoJitError:
+            raise
+        except Exception as exc:  # a malformed key in an otherwise valid manifest
+            raise BundleMismatchError(f"kernel {kid}: cannot serve its bundle entries ({exc})",
+                                      fix="rebuild the bundle with `nojit build`") from None
+        fn.run = server.run  # instance attribute: shadows JITFunction.run for this kernel only
+        inst.triton[kid] = server

@@ -1,0 +1,92 @@
+"""Launch-geometry expressions stored as data, and their small, safe evaluator.
+
+A TileLang kernel's grid depends on run-time sizes (`num_tokens`, `split_k`). The bundle
+stores such an expression as a JSON tree, never as source text:
+
+    7                                   an integer literal
+    {"var": "num_tokens"}               a dynamic variable
+    {"op": "+", "args": [e1, e2]}       + - * // % min max (floor division and modulo as in C
+                                        for the non-negative values launch sizes take)
+    {"op": "select", "args": [c, a, b]} c != 0 ? a : b
+
+Evaluation is a walk over that tree with integer arithmetic only: no eval, no attribute
+access, bounded depth, and every result must be a non-negative 32-bit integer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_BINARY = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "//": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "min": min,
+    "max": max,
+    "<": lambda a, b: int(a < b),
+    "<=": lambda a, b: int(a <= b),
+    "==": lambda a, b: int(a == b),
+}
+_MAX_DEPTH = 32
+
+
+def validate_expr(expr: Any, variables: set[str], depth: int = 0) -> None:
+    """Raise ValueError unless expr is a well-formed expression over `variables`."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("expression nested too deeply")
+    if isinstance(expr, bool):
+        raise ValueError("boolean literal in an integer expression")
+    if isinstance(expr, int):
+        if not -(1 << 62) <= expr <= (1 << 62):
+            raise ValueError(f"literal {expr} out of range")
+        return
+    if not isinstance(expr, dict):
+        raise ValueError(f"{type(expr).__name__} is not an expression")
+    if set(expr) == {"var"}:
+        if expr["var"] not in variables:
+            raise ValueError(f"unknown variable {expr['var']!r}")
+        return
+    if set(expr) != {"op", "args"} or not isinstance(expr["args"], list):
+        raise ValueError(f"malformed expression node {sorted(expr)}")
+    op, args = expr["op"], expr["args"]
+    arity = 3 if op == "select" else 2
+    if (op != "select" and op not in _BINARY) or len(args) != arity:
+        raise ValueError(f"unknown operator {op!r} or wrong arity {len(args)}")
+    for a in args:
+        validate_expr(a, variables, depth + 1)
+
+
+def evaluate(expr: Any, values: Mapping[str, int]) -> int:
+    """Value of a validated expression; the launch dimension must fit a CUDA grid axis."""
+    result = _eval(expr, values)
+    if not 0 <= result < (1 << 32):
+        raise ValueError(f"launch dimension {result} is outside [0, 2^32)")
+    return result
+
+
+def _eval(expr: Any, values: Mapping[str, int]) -> int:
+    if isinstance(expr, int):
+        return expr
+    if "var" in expr:
+        return int(values[expr["var"]])
+    op, args = expr["op"], expr["args"]
+    if op == "select":
+        return _eval(args[1], values) if _eval(args[0], values) else _eval(args[2], values)
+    a, b = _eval(args[0], values), _eval(args[1], values)
+    if op in ("//", "%") and b == 0:
+        raise ValueError("division by zero in a launch expression")
+    return _BINARY[op](a, b)
+
+
+def free_variables(expr: Any) -> set[str]:
+    if isinstance(expr, int):
+        return set()
+    if "var" in expr:
+        return {expr["var"]}
+    out: set[str] = set()
+    for a in expr["args"]:
+        out |= free_variables(a)
+    return out

@@ -1,0 +1,432 @@
+"""The bundle manifest: what a bundle holds, as typed records parsed from (and to) JSON.
+
+The manifest is the bundle's table of contents: who produced it (versions), for which GPU,
+which kernels (identity and source hash), and per entry the exact compile key, the launch
+metadata and the content address of its cubin. Parsing validates every field's type and
+range, so a damaged or hostile manifest ends in one BundleCorruptError that names the
+field, never in an exception from deep inside the loader.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from nojit.loader.errors import BundleCorruptError
+
+FORMAT_VERSION = 1
+RUNTIMES = ("triton", "tilelang")
+VARIANTS = ("exact", "generic")
+ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
+_HEX = frozenset("0123456789abcdef")
+
+
+class _Fields:
+    """Typed access to one JSON object, naming the path of a bad field in the error."""
+
+    def __init__(self, obj: Any, where: str, source: str) -> None:
+        if not isinstance(obj, dict):
+            raise BundleCorruptError(f"{source}: manifest field {where} is not an object", fix=_REBUILD)
+        self.obj = obj
+        self.where = where
+        self.source = source
+
+    def _bad(self, name: str, what: str) -> BundleCorruptError:
+        return BundleCorruptError(f"{self.source}: manifest field {self.where}.{name} {what}", fix=_REBUILD)
+
+    def get(self, name: str, kind: type | tuple[type, ...], optional: bool = False) -> Any:
+        if name not in self.obj:
+            if optional:
+                return None
+            raise self._bad(name, "is missing")
+        value = self.obj[name]
+        if value is None and optional:
+            return None
+        # bool is an int subclass: never accept it where a number is meant, and vice versa
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self._bad(name, f"has type bool, expected {_kind_name(kind)}")
+        if not isinstance(value, kind):
+            raise self._bad(name, f"has type {type(value).__name__}, expected {_kind_name(kind)}")
+        return value
+
+    def int(self, name: str, lo: int = 0, hi: int = 1 << 62, optional: bool = False) -> int | None:
+        value = self.get(name, int, optional)
+        if value is not None and not lo <= value <= hi:
+            raise self._bad(name, f"= {value} is outside [{lo}, {hi}]")
+        return value
+
+    def str(self, name: str, optional: bool = False, max_len: int = 4096) -> str | None:
+        value = self.get(name, str, optional)
+        if value is not None and len(value) > max_len:
+            raise self._bad(name, f"is longer than {max_len} characters")
+        return value
+
+    def sub(self, name: str) -> "_Fields":
+        return _Fields(self.get(name, dict), f"{self.where}.{name}", self.source)
+
+
+_REBUILD = "the bundle file is damaged or not a nojit bundle: rebuild it with `nojit build` and copy it again"
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _sha(f: _Fields, name: str) -> str:
+    value = f.str(name)
+    if len(value) != 64 or not set(value) <= _HEX:
+        raise f._bad(name, "is not a lowercase sha256 hex digest")
+    return value
+
+
+@dataclass(frozen=True)
+class Producer:
+    """Versions of everything that shaped the cubins; the loader compares them with its own."""
+
+    nojit: str
+    vllm: str | None
+    triton: str | None
+    tilelang: str | None
+    ptxas: str | None
+    nvcc: str | None
+    python: str
+    torch: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> Producer:
+        return cls(
+            nojit=f.str("nojit"),
+            vllm=f.str("vllm", optional=True),
+            triton=f.str("triton", optional=True),
+            tilelang=f.str("tilelang", optional=True),
+            ptxas=f.str("ptxas", optional=True),
+            nvcc=f.str("nvcc", optional=True),
+            python=f.str("python"),
+            torch=f.str("torch", optional=True),
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    """The GPU the cubins are for. sm_90a SASS runs on compute capability 9.0 only."""
+
+    backend: str
+    capability: int
+    arch: str
+    warp_size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> Target:
+        return cls(f.str("backend"), f.int("capability", 1, 1000), f.str("arch"), f.int("warp_size", 1, 1024))
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """Where one compressed cubin lies in the file, and the digest of its raw bytes."""
+
+    sha256: str
+    offset: int
+    length: int
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"offset": self.offset, "length": self.length, "size": self.size}
+
+
+@dataclass(frozen=True)
+class TritonLaunch:
+    """How to launch one Triton cubin (mirrors what Triton's own launcher reads from metadata)."""
+
+    symbol: str
+    num_warps: int
+    num_ctas: int
+    cluster_dims: tuple[int, int, int]
+    shared: int
+    global_scratch_size: int
+    global_scratch_align: int
+    profile_scratch_size: int
+    profile_scratch_align: int
+    launch_pdl: bool
+    launch_cooperative_grid: bool
+    # Device parameters in order: (index of the Python parameter, type code). The two
+    # trailing scratch pointers Triton appends are not listed; the launcher adds them.
+    args: tuple[tuple[int, str], ...]
+    compile_hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["cluster_dims"] = list(self.cluster_dims)
+        d["args"] = [[i, t] for i, t in self.args]
+        return d
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> TritonLaunch:
+        cluster = f.get("cluster_dims", list)
+        args = f.get("args", list)
+        if len(cluster) != 3 or not all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 16 for c in cluster):
+            raise f._bad("cluster_dims", "is not three integers in [1, 16]")
+        parsed_args = []
+        for a in args:
+            if (
+                not isinstance(a, list)
+                or len(a) != 2
+                or not isinstance(a[0], int)
+                or isinstance(a[0], bool)
+                or not 0 <= a[0] < 4096
+                or not isinstance(a[1], str)
+                or len(a[1]) != 1
+                or a[1] not in ARG_TYPE_CODES
+            ):
+                raise f._bad("args", f"has a malformed item {a!r}")
+            parsed_args.append((a[0], a[1]))
+        return cls(
+            symbol=f.str("symbol", max_len=512),
+            num_warps=f.int("num_warps", 1, 32),
+            num_ctas=f.int("num_ctas", 1, 16),
+            cluster_dims=(cluster[0], cluster[1], cluster[2]),
+            shared=f.int("shared", 0, 1 << 20),
+            global_scratch_size=f.int("global_scratch_size", 0, 1 << 40),
+            global_scratch_align=f.int("global_scratch_align", 1, 1 << 20),
+            profile_scratch_size=f.int("profile_scratch_size", 0, 1 << 40),
+            profile_scratch_align=f.int("profile_scratch_align", 1, 1 << 20),
+            launch_pdl=f.get("launch_pdl", bool),
+            launch_cooperative_grid=f.get("launch_cooperative_grid", bool),
+            args=tuple(parsed_args),
+            compile_hash=f.str("compile_hash", max_len=128),
+        )
+
+
+@dataclass(frozen=True)
+class TileLangLaunch:
+    """How to launch one TileLang cubin: captured from the lowered program at build time.
+
+    params: device parameters in device order, each {"kind": "tensor", "name": ...} or
+    {"kind": "scalar", "name": <dynamic var>, "ctype": "int32"}. grid and block are
+    expressions (see launch_expr) over the dynamic vars; dynamic_vars says where each var
+    is read from ({"param": tensor name, "dim": axis}).
+    """
+
+    symbol: str
+    params: tuple[dict[str, Any], ...]
+    tensor_params: tuple[dict[str, Any], ...]
+    dynamic_vars: dict[str, dict[str, Any]]
+    grid: tuple[Any, Any, Any]
+    block: tuple[Any, Any, Any]
+    dynamic_smem: int
+    pdl: bool
+    cluster_dims: tuple[int, int, int] | None
+    cooperative: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "symbol": self.symbol,
+            "params": list(self.params),
+            "tensor_params": list(self.tensor_params),
+            "dynamic_vars": self.dynamic_vars,
+            "grid": list(self.grid),
+            "block": list(self.block),
+            "dynamic_smem": self.dynamic_smem,
+            "pdl": self.pdl,
+            "cluster_dims": list(self.cluster_dims) if self.cluster_dims else None,
+            "cooperative": self.cooperative,
+        }
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> TileLangLaunch:
+        from nojit.loader.launch_expr import validate_expr
+
+        params = f.get("params", list)
+        tensor_params = f.get("tensor_params", list)
+        dyn = f.get("dynamic_vars", dict)
+        grid = f.get("grid", list)
+        block = f.get("block", list)
+        for p in params:
+            pf = _Fields(p, f"{f.where}.params[]", f.source)
+            kind = pf.str("kind")
+            pf.str("name", max_len=256)
+            if kind == "scalar":
+                if pf.str("ctype") not in ("int32", "int64"):
+                    raise pf._bad("ctype", "is not int32 or int64")
+            elif kind != "tensor":
+                raise pf._bad("kind", f"= {kind!r} is not tensor or scalar")
+        for p in tensor_params:
+            _Fields(p, f"{f.where}.tensor_params[]", f.source).str("name", max_len=256)
+        for name, src in dyn.items():
+            sf = _Fields(src, f"{f.where}.dynamic_vars.{name}", f.source)
+            sf.str("param", max_len=256)
+            sf.int("dim", 0, 16)
+        if len(grid) != 3 or len(block) != 3:
+            raise f._bad("grid", "grid and block must have three expressions each")
+        for e in (*grid, *block):
+            try:
+                validate_expr(e, set(dyn))
+            except ValueError as exc:
+                raise f._bad("grid", f"holds an invalid expression: {exc}") from None
+        cluster = f.get("cluster_dims", list, optional=True)
+        if cluster is not None and (len(cluster) != 3 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in cluster)):
+            raise f._bad("cluster_dims", "is not three positive integers")
+        return cls(
+            symbol=f.str("symbol", max_len=512),
+            params=tuple(params),
+            tensor_params=tuple(tensor_params),
+            dynamic_vars=dyn,
+            grid=(grid[0], grid[1], grid[2]),
+            block=(block[0], block[1], block[2]),
+            dynamic_smem=f.int("dynamic_smem", 0, 1 << 20),
+            pdl=f.get("pdl", bool),
+            cluster_dims=tuple(cluster) if cluster else None,
+            cooperative=f.get("cooperative", bool),
+        )
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """One kernel function: identity, which runtime compiled it, and its source digest.
+
+    id is "module:qualname" (never the bare function name: many vLLM kernels are named
+    `kernel`). source_hash is Triton's `JITFunction.cache_key` (source plus dependencies)
+    or, for TileLang, the sha256 of the kernel function's source text; the loader refuses
+    to serve a kernel whose live source no longer has this digest.
+    """
+
+    id: str
+    runtime: str
+    source_hash: str
+    params: tuple[str, ...]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "source_hash": self.source_hash, "params": list(self.params), "info": self.info}
+
+    @classmethod
+    def from_json(cls, kid: str, f: _Fields) -> KernelRecord:
+        if ":" not in kid or len(kid) > 512:
+            raise f._bad("id", f"{kid!r} is not module:qualname")
+        runtime = f.str("runtime")
+        if runtime not in RUNTIMES:
+            raise f._bad("runtime", f"= {runtime!r} is not one of {RUNTIMES}")
+        params = f.get("params", list)
+        if not all(isinstance(p, str) for p in params):
+            raise f._bad("params", "holds a non-string name")
+        return cls(kid, runtime, f.str("source_hash", max_len=128), tuple(params), f.get("info", dict))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One compiled specialization: kernel + exact key -> cubin + how to launch it."""
+
+    kernel: str
+    key: Any  # JSON form; decoded by the runtime's key module (triton_key / tilelang_key)
+    variant: str
+    blob: str
+    launch: TritonLaunch | TileLangLaunch
+    origin: str = "declared"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "key": self.key,
+            "variant": self.variant,
+            "blob": self.blob,
+            "launch": self.launch.to_json(),
+            "origin": self.origin,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format: int
+    producer: Producer
+    target: Target
+    deployment: dict[str, Any]
+    kernels: dict[str, KernelRecord]
+    entries: tuple[Entry, ...]
+    blobs: dict[str, BlobRef]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "producer": self.producer.to_json(),
+            "target": self.target.to_json(),
+            "deployment": self.deployment,
+            "kernels": {k: v.to_json() for k, v in self.kernels.items()},
+            "entries": [e.to_json() for e in self.entries],
+            "blobs": {k: v.to_json() for k, v in self.blobs.items()},
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any, source: str, file_size: int) -> Manifest:
+        f = _Fields(obj, "manifest", source)
+        fmt = f.int("format", 0, 1 << 30)
+        if fmt != FORMAT_VERSION:
+            from nojit.loader.errors import BundleMismatchError
+
+            raise BundleMismatchError(
+                f"{source}: bundle format {fmt}, this nojit reads format {FORMAT_VERSION}",
+                fix="rebuild the bundle with this nojit version, or install the nojit that built it",
+            )
+        blobs: dict[str, BlobRef] = {}
+        for sha, ref in f.get("blobs", dict).items():
+            bf = _Fields(ref, f"manifest.blobs.{sha[:12]}", source)
+            if len(sha) != 64 or not set(sha) <= _HEX:
+                raise bf._bad("sha256", "is not a sha256 hex digest")
+            offset = bf.int("offset", 0, file_size)
+            length = bf.int("length", 1, file_size)
+            if offset + length > file_size:
+                raise bf._bad("length", f"runs past the end of the file ({offset}+{length} > {file_size} bytes)")
+            blobs[sha] = BlobRef(sha, offset, length, bf.int("size", 1, 1 << 31))
+        kernels = {
+            kid: KernelRecord.from_json(kid, _Fields(rec, f"manifest.kernels[{kid!r}]", source))
+            for kid, rec in f.get("kernels", dict).items()
+        }
+        entries = []
+        for i, e in enumerate(f.get("entries", list)):
+            ef = _Fields(e, f"manifest.entries[{i}]", source)
+            kernel = ef.str("kernel", max_len=512)
+            if kernel not in kernels:
+                raise ef._bad("kernel", f"names {kernel!r}, which the manifest does not list")
+            blob = _sha(ef, "blob")
+            if blob not in blobs:
+                raise ef._bad("blob", f"names a blob {blob[:12]} the manifest does not list")
+            variant = ef.str("variant")
+            if variant not in VARIANTS:
+                raise ef._bad("variant", f"= {variant!r} is not one of {VARIANTS}")
+            if "key" not in ef.obj:
+                raise ef._bad("key", "is missing")
+            lf = ef.sub("launch")
+            launch = (TritonLaunch if kernels[kernel].runtime == "triton" else TileLangLaunch).from_json(lf)
+            entries.append(Entry(kernel, _check_json_value(ef.obj["key"], ef), variant, blob, launch, ef.str("origin")))
+        return cls(
+            format=fmt,
+            producer=Producer.from_json(f.sub("producer")),
+            target=Target.from_json(f.sub("target")),
+            deployment=f.get("deployment", dict),
+            kernels=kernels,
+            entries=tuple(entries),
+            blobs=blobs,
+        )
+
+
+def _check_json_value(value: Any, f: _Fields, depth: int = 0) -> Any:
+    """Keys are small JSON trees: bounded depth, finite numbers only."""
+    if depth > 16:
+        raise f._bad("key", "is nested too deeply")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise f._bad("key", "holds a non-finite number")
+    if isinstance(value, list):
+        for v in value:
+            _check_json_value(v, f, depth + 1)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _check_json_value(v, f, depth + 1)
+    elif not (value is None or isinstance(value, (bool, int, float, str))):
+        raise f._bad("key", f"holds a {type(value).__name__}")
+    return value

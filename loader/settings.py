@@ -1,0 +1,114 @@
+"""Every nojit setting, read from the environment in one place, typed.
+
+Modelled on Triton's knobs: each setting is a descriptor that reads its variable when
+asked, so tests can change the environment (or use `scope`) without reloading modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+from nojit.loader.errors import NoJitError
+
+T = TypeVar("T")
+
+
+class Mode(str, enum.Enum):
+    """What the loader does when the bundle has no entry for a requested key."""
+
+    STRICT = "strict"  # raise KernelNotInBundleError; any compile attempt raises
+    PERMISSIVE = "permissive"  # fall back to the JIT, with a warning naming the key
+    RECORD = "record"  # like permissive, and append every requested key to a file
+
+
+class _EnvSetting(Generic[T]):
+    def __init__(self, name: str, default: T, doc: str) -> None:
+        self.name = name
+        self.default = default
+        self.__doc__ = doc
+
+    def parse(self, raw: str) -> T:
+        raise NotImplementedError
+
+    def __get__(self, obj: object, objtype: type | None = None) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        return self.parse(raw)
+
+
+class _Str(_EnvSetting[str]):
+    def parse(self, raw: str) -> str:
+        return raw
+
+
+class _OptionalPath(_EnvSetting["str | None"]):
+    def parse(self, raw: str) -> str | None:
+        return os.path.expanduser(raw)
+
+
+class _Bool(_EnvSetting[bool]):
+    def parse(self, raw: str) -> bool:
+        value = raw.strip().lower()
+        if value in ("1", "true", "yes", "on"):
+            return True
+        if value in ("0", "false", "no", "off"):
+            return False
+        raise NoJitError(f"{self.name}={raw!r} is not a boolean", fix=f"set {self.name} to 1 or 0")
+
+
+class _Mode(_EnvSetting[Mode]):
+    def parse(self, raw: str) -> Mode:
+        try:
+            return Mode(raw.strip().lower())
+        except ValueError:
+            choices = ", ".join(m.value for m in Mode)
+            raise NoJitError(f"NOJIT_MODE={raw!r} is not a mode", fix=f"set NOJIT_MODE to one of: {choices}") from None
+
+
+class _CsvSet(_EnvSetting[frozenset]):
+    def parse(self, raw: str) -> frozenset:
+        return frozenset(part.strip() for part in raw.split(",") if part.strip())
+
+
+class Settings:
+    """The environment variables nojit reads."""
+
+    bundle = _OptionalPath("NOJIT_BUNDLE", None, "Path of the bundle the loader serves kernels from.")
+    mode = _Mode("NOJIT_MODE", Mode.STRICT, "strict | permissive | record (see Mode).")
+    record_file = _OptionalPath(
+        "NOJIT_RECORD_FILE", None, "Where record mode appends requested keys (default: <bundle>.keys.jsonl)."
+    )
+    allow_mismatch = _CsvSet(
+        "NOJIT_ALLOW_MISMATCH",
+        frozenset(),
+        "Comma-separated producer facts the loader may ignore when they differ: "
+        "vllm, triton, tilelang, arch, source. Default: none (refuse any mismatch).",
+    )
+    quiet = _Bool("NOJIT_QUIET", False, "Suppress the one-line summary the loader logs at install.")
+
+
+settings = Settings()
+
+
+@contextlib.contextmanager
+def scope(**values: str | None) -> Iterator[None]:
+    """Temporarily set (or, with None, unset) NOJIT_* variables: `scope(NOJIT_MODE="record")`."""
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        for name, value in values.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -1,0 +1,281 @@
+"""The Triton specialization key: computed per call exactly as Triton's binder would, and its JSON form.
+
+Triton picks a compiled variant from the call's arguments: per parameter a type and an
+attribute (ints == 1 become the constant 1, ints and pointers divisible by 16 get
+'D', bools/floats/None are never value-specialized, do_not_specialize and
+do_not_specialize_on_alignment switch parts of that off), plus the launch options passed
+as keywords. This module reproduces that rule without running Triton's binder, so the
+loader can find the precompiled cubin in a few microseconds, and it is the one place that
+defines how such a key is written into a bundle.
+
+Key value (hashable, used for lookups):
+    (spec, options)
+    spec    = one item per kernel parameter:
+              ("constexpr", tagged)   compile-time value (declared constexpr, None, int 1)
+              (type, attr)            run-time value: type "i32", "*bf16", ...; attr "D", "",
+                                      None, or a tagged int (annotated ints)
+    options = sorted (name, tagged) pairs of the keyword options (num_warps, launch_pdl, ...)
+    tagged  = (python type name, value), so that True, 1 and 1.0 stay distinct keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+SpecItem = tuple[Any, Any]
+Key = tuple[tuple[SpecItem, ...], tuple[tuple[str, Any], ...]]
+
+
+class UnsupportedArgument(TypeError):
+    """An argument kind the bundle cannot serve (tuples, tensor descriptors, exotic constexprs)."""
+
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_UINT64_MAX = (1 << 64) - 1
+_PLAIN_TYPES = {int: "int", bool: "bool", float: "float", str: "str", type(None): "NoneType"}
+
+
+def tag(value: Any) -> tuple[str, Any]:
+    """A constexpr or option value with its type, hashable and JSON-representable."""
+    name = _PLAIN_TYPES.get(value.__class__)
+    if name is not None:
+        return (name, value)
+    cls = value.__class__.__name__
+    if cls == "dtype":  # triton.language.dtype
+        return ("dtype", str(value))
+    if cls == "constexpr":  # triton.language.constexpr wrapping a plain value
+        return tag(value.value)
+    if cls == "JITFunction":
+        return ("jit", value.cache_key)
+    if isinstance(value, tuple):
+        return ("tuple", tuple(tag(v) for v in value))
+    raise UnsupportedArgument(f"constexpr value of type {type(value).__name__} ({value!r})")
+
+
+_ONE = ("constexpr", ("int", 1))
+_NONE = ("constexpr", ("NoneType", None))
+_U1 = ("u1", None)
+_FP32 = ("fp32", None)
+
+
+class ArgSpecializer:
+    """Specializes one argument the way Triton's native_specialize_impl does.
+
+    ptr_type maps a torch dtype to Triton's pointer type string ("*bf16"), computed once
+    from Triton's own canonicalization so the two can never disagree.
+    """
+
+    def __init__(self, ptr_type: Callable[[Any, bool], str], tensor_cls: type | None) -> None:
+        self._ptr_type = ptr_type
+        self._cache: dict[tuple[Any, bool], str] = {}
+        self._tensor_cls = tensor_cls
+
+    def pointer_type(self, dtype: Any, is_const: bool) -> str:
+        try:
+            return self._cache[(dtype, is_const)]
+        except KeyError:
+            ty = self._cache[(dtype, is_const)] = self._ptr_type(dtype, is_const)
+            return ty
+
+    def make(self, is_const: bool, specialize: bool, align: bool) -> Callable[[Any], SpecItem]:
+        """One specializer closure per (is_const, specialize, align) combination."""
+        tensor_cls = self._tensor_cls
+        cache = self._cache
+        ptr_type = self.pointer_type
+
+        def spec(v: Any) -> SpecItem:
+            cls = v.__class__
+            if cls is int:
+                if specialize and v == 1:
+                    return _ONE
+                if _INT32_MIN <= v <= _INT32_MAX:
+                    ty = "i32"
+                elif _INT64_MIN <= v <= _INT64_MAX:
+                    ty = "i64"
+                elif 0 <= v <= _UINT64_MAX:
+                    ty = "u64"
+                else:
+                    raise OverflowError("integer to be specialized too large to represent")
+                if not specialize:
+                    return (ty, None)
+                return (ty, "D" if align and not v & 15 else "")
+            if cls is tensor_cls or (cls not in (bool, float, tuple) and v is not None and hasattr(v, "data_ptr")):
+                if cls is tensor_cls:
+                    try:
+                        ty = cache[(v.dtype, is_const)]
+                    except KeyError:
+                        ty = ptr_type(v.dtype, is_const)
+                else:
+                    ty = ptr_type(v.dtype, is_const)
+                if not specialize:
+                    return (ty, None)
+                return (ty, "D" if align and not v.data_ptr() & 15 else "")
+            if cls is bool:
+                return _U1
+            if cls is float:
+                return _FP32
+            if v is None:
+                return _NONE
+            name = cls.__name__
+            if name == "constexpr":
+                return ("constexpr", tag(v))
+            if name == "JITFunction":
+                return ("constexpr", ("jit", v.cache_key))
+            raise UnsupportedArgument(f"argument of type {name} ({v!r:.80})")
+
+        return spec
+
+
+def _param_items(fn: Any, specializer: ArgSpecializer) -> list[tuple[str, Any, Any]]:
+    """Per parameter: (kind, name, specializer closure or annotation type)."""
+    items = []
+    for p in fn.params:
+        if p.is_constexpr:
+            items.append(("constexpr", p.name, None))
+            continue
+        spec = specializer.make(bool(p.is_const), not p.do_not_specialize, not p.do_not_specialize_on_alignment)
+        ann = p.annotation_type
+        if ann:
+            if ann == "u1" or ann[:2] in ("fp", "bf"):
+                items.append(("fixed", p.name, (ann, None)))
+            else:
+                items.append(("annotated", p.name, (ann, spec)))
+        else:
+            items.append(("plain", p.name, spec))
+    return items
+
+
+def make_binder(fn: Any, specializer: ArgSpecializer) -> Callable[..., tuple[tuple[Any, ...], tuple[SpecItem, ...], dict]]:
+    """A function with the kernel's own signature returning (bound args, spec, options).
+
+    Generated once per kernel from the live JITFunction's parameters (names, defaults,
+    constexpr, do_not_specialize*), like Triton's binder, so a call binds positional and
+    keyword arguments and defaults with plain Python semantics and no inspect per call.
+    """
+    sig = fn.signature
+    namespace: dict[str, Any] = {"_tag": tag, "_Unsupported": UnsupportedArgument}
+    arglist, items = [], []
+    for i, (kind, name, extra) in enumerate(_param_items(fn, specializer)):
+        param = sig.parameters[name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            raise UnsupportedArgument(f"kernel {fn} has *{name}")
+        if param.default is inspect.Parameter.empty:
+            arglist.append(f"a{i}")
+        else:
+            namespace[f"default_{i}"] = param.default
+            arglist.append(f"a{i}=default_{i}")
+        if kind == "constexpr":
+            items.append(f"('constexpr', _tag(a{i}))")
+        elif kind == "fixed":
+            namespace[f"fixed_{i}"] = extra
+            items.append(f"fixed_{i}")
+        elif kind == "annotated":
+            ann, spec = extra
+            namespace[f"spec_{i}"] = spec
+            items.append(f"({ann!r}, spec_{i}(a{i})[1])")
+        else:
+            namespace[f"spec_{i}"] = extra
+            items.append(f"spec_{i}(a{i})")
+    names = [f"a{i}" for i in range(len(items))]
+    src = (
+        f"def bind({', '.join(arglist + ['**options'])}):\n"
+        f"    return ({', '.join(names)}{',' if names else ''}), ({', '.join(items)}{',' if items else ''}), options\n"
+    )
+    # Keyword calls use the kernel's parameter names; map them onto the a<i> positions.
+    code = compile(src, f"<nojit binder {fn.__module__}:{fn.__qualname__}>", "exec")
+    exec(code, namespace)
+    positional = namespace["bind"]
+    index = {p.name: i for i, p in enumerate(fn.params)}
+
+    def bind(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], tuple[SpecItem, ...], dict]:
+        if kwargs:
+            renamed = {}
+            for k, v in kwargs.items():
+                i = index.get(k)
+                renamed[f"a{i}" if i is not None else k] = v
+            return positional(*args, **renamed)
+        return positional(*args)
+
+    return bind
+
+
+def options_key(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((k, tag(v)) for k, v in options.items()))
+
+
+# ---------------------------------------------------------------------------- conversion
+def from_triton_specialization(specialization: Iterable[tuple[Any, Any]]) -> tuple[SpecItem, ...]:
+    """Triton binder output -> our spec (used at build time and by the parity tests)."""
+    out = []
+    for ty, attr in specialization:
+        if isinstance(ty, tuple):
+            raise UnsupportedArgument("tuple arguments are not supported")
+        if ty == "constexpr":
+            out.append(("constexpr", tag(attr)))
+        elif attr is None or isinstance(attr, str):
+            out.append((ty, attr))
+        else:
+            out.append((ty, tag(attr)))
+    return tuple(out)
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_from_json(v) for v in value)
+    return value
+
+
+def key_to_json(key: Key) -> dict[str, Any]:
+    spec, options = key
+    return {"spec": _to_json(spec), "options": _to_json(options)}
+
+
+def key_from_json(obj: Any) -> Key:
+    if not isinstance(obj, dict) or set(obj) != {"spec", "options"}:
+        raise ValueError("a Triton key is an object with 'spec' and 'options'")
+    return (_from_json(obj["spec"]), _from_json(obj["options"]))
+
+
+def key_text(key: Key) -> str:
+    """One line for humans and logs: `*bf16:D, i32:, constexpr=1 | num_warps=4`."""
+    parts = []
+    for ty, attr in key[0]:
+        if ty == "constexpr":
+            parts.append(f"{attr[1]!r}")
+        else:
+            parts.append(f"{ty}:{attr if isinstance(attr, str) else ('-' if attr is None else attr[1])}")
+    opts = ", ".join(f"{k}={v[1]!r}" for k, v in key[1])
+    return f"({', '.join(parts)}) | {opts}" if opts else f"({', '.join(parts)})"
+
+
+def generic_spec(spec: tuple[SpecItem, ...], runtime_param: tuple[bool, ...]) -> tuple[SpecItem, ...]:
+    """The universal variant of a spec: no value 1 baked in, no divisibility or alignment assumed.
+
+    It keeps what changes the generated code's types (pointer dtypes, int widths, None-ness,
+    the kernel's declared constexprs) and drops what only narrows the values it is valid
+    for, so its cubin is correct for every run-time value of the same types.
+    runtime_param[i] is False for parameters the kernel declares tl.constexpr.
+    """
+    out = []
+    for item, runtime in zip(spec, runtime_param):
+        ty, attr = item
+        if not runtime:
+            out.append(item)
+        elif ty == "constexpr":
+            out.append(("i32", "") if attr == ("int", 1) else item)  # None stays a constexpr None
+        elif isinstance(attr, str):
+            out.append((ty, ""))
+        elif attr is None:
+            out.append(item)
+        else:  # annotated int carrying its value 1
+            out.append((ty, ""))
+    return tuple(out)
