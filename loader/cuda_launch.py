@@ -42,7 +42,18 @@ class CudaLauncher:
         self.loads = 0
 
     def _fail(self, what: str, rc: int) -> LaunchError:
-        msg = self._ffi.string(self._err).decode(errors="replace")
+        return self.error(self._err, what, rc)
+
+    @property
+    def c_launch(self):
+        """The C entry point itself, for callers that keep their own error buffer (the hot path)."""
+        return self._c.nojit_launch
+
+    def new_error_buffer(self):
+        return self._ffi.new("char[]", _ERRLEN)
+
+    def error(self, err_buffer, what: str, rc: int) -> LaunchError:
+        msg = self._ffi.string(err_buffer).decode(errors="replace")
         return LaunchError(f"{what}: {msg} (code {rc})", fix=_fix_for(msg))
 
     def driver_version(self) -> int:

@@ -28,7 +28,7 @@ SpecItem = tuple[Any, Any]
 Key = tuple[tuple[SpecItem, ...], tuple[tuple[str, Any], ...]]
 
 
-class UnsupportedArgument(TypeError):
+class UnsupportedArgument(Exception):
     """An argument kind the bundle cannot serve (tuples, tensor descriptors, exotic constexprs)."""
 
 
@@ -71,7 +71,7 @@ class ArgSpecializer:
     def __init__(self, ptr_type: Callable[[Any, bool], str], tensor_cls: type | None) -> None:
         self._ptr_type = ptr_type
         self._cache: dict[tuple[Any, bool], str] = {}
-        self._tensor_cls = tensor_cls
+        self._tensor_cls = tensor_cls or type(None)
 
     def pointer_type(self, dtype: Any, is_const: bool) -> str:
         try:
@@ -81,13 +81,31 @@ class ArgSpecializer:
             return ty
 
     def make(self, is_const: bool, specialize: bool, align: bool) -> Callable[[Any], SpecItem]:
-        """One specializer closure per (is_const, specialize, align) combination."""
+        """One specializer closure per (is_const, specialize, align) combination.
+
+        Tensors come first (most arguments are), their (type, attr) tuples are cached per
+        dtype, so a call allocates nothing for them.
+        """
         tensor_cls = self._tensor_cls
-        cache = self._cache
-        ptr_type = self.pointer_type
+        pointer_type = self.pointer_type
+        tensor_items: dict[Any, tuple[SpecItem, SpecItem]] = {}
+
+        def tensor_pair(dtype: Any) -> tuple[SpecItem, SpecItem]:
+            ty = pointer_type(dtype, is_const)
+            if not specialize:
+                pair = ((ty, None), (ty, None))
+            elif align:
+                pair = ((ty, "D"), (ty, ""))
+            else:
+                pair = ((ty, ""), (ty, ""))
+            tensor_items[dtype] = pair
+            return pair
 
         def spec(v: Any) -> SpecItem:
             cls = v.__class__
+            if cls is tensor_cls:
+                pair = tensor_items.get(v.dtype) or tensor_pair(v.dtype)
+                return pair[1] if v.data_ptr() & 15 else pair[0]
             if cls is int:
                 if specialize and v == 1:
                     return _ONE
@@ -98,27 +116,19 @@ class ArgSpecializer:
                 elif 0 <= v <= _UINT64_MAX:
                     ty = "u64"
                 else:
-                    raise OverflowError("integer to be specialized too large to represent")
+                    raise UnsupportedArgument("integer to be specialized too large to represent")
                 if not specialize:
                     return (ty, None)
                 return (ty, "D" if align and not v & 15 else "")
-            if cls is tensor_cls or (cls not in (bool, float, tuple) and v is not None and hasattr(v, "data_ptr")):
-                if cls is tensor_cls:
-                    try:
-                        ty = cache[(v.dtype, is_const)]
-                    except KeyError:
-                        ty = ptr_type(v.dtype, is_const)
-                else:
-                    ty = ptr_type(v.dtype, is_const)
-                if not specialize:
-                    return (ty, None)
-                return (ty, "D" if align and not v.data_ptr() & 15 else "")
             if cls is bool:
                 return _U1
             if cls is float:
                 return _FP32
             if v is None:
                 return _NONE
+            if cls is not tuple and hasattr(v, "data_ptr"):  # tensor subclasses, Triton's warmup stand-ins
+                pair = tensor_pair(v.dtype)
+                return pair[1] if v.data_ptr() & 15 else pair[0]
             name = cls.__name__
             if name == "constexpr":
                 return ("constexpr", tag(v))
@@ -154,52 +164,40 @@ def make_binder(fn: Any, specializer: ArgSpecializer) -> Callable[..., tuple[tup
     Generated once per kernel from the live JITFunction's parameters (names, defaults,
     constexpr, do_not_specialize*), like Triton's binder, so a call binds positional and
     keyword arguments and defaults with plain Python semantics and no inspect per call.
+    The generated code uses the kernel's own parameter names (vLLM calls kernels with
+    keywords); nojit's helpers live under names starting with `_nj_`, which no kernel uses.
     """
     sig = fn.signature
-    namespace: dict[str, Any] = {"_tag": tag, "_Unsupported": UnsupportedArgument}
-    arglist, items = [], []
+    namespace: dict[str, Any] = {"_nj_tag": tag}
+    arglist, items, names = [], [], []
     for i, (kind, name, extra) in enumerate(_param_items(fn, specializer)):
         param = sig.parameters[name]
-        if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            raise UnsupportedArgument(f"kernel {fn} has *{name}")
+        if param.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or name.startswith("_nj_") or not name.isidentifier():
+            raise UnsupportedArgument(f"kernel {fn.__qualname__} parameter {name!r} ({param.kind.name})")
+        names.append(name)
         if param.default is inspect.Parameter.empty:
-            arglist.append(f"a{i}")
+            arglist.append(name)
         else:
-            namespace[f"default_{i}"] = param.default
-            arglist.append(f"a{i}=default_{i}")
+            namespace[f"_nj_default_{i}"] = param.default
+            arglist.append(f"{name}=_nj_default_{i}")
         if kind == "constexpr":
-            items.append(f"('constexpr', _tag(a{i}))")
+            items.append(f"('constexpr', _nj_tag({name}))")
         elif kind == "fixed":
-            namespace[f"fixed_{i}"] = extra
-            items.append(f"fixed_{i}")
+            namespace[f"_nj_fixed_{i}"] = extra
+            items.append(f"_nj_fixed_{i}")
         elif kind == "annotated":
             ann, spec = extra
-            namespace[f"spec_{i}"] = spec
-            items.append(f"({ann!r}, spec_{i}(a{i})[1])")
+            namespace[f"_nj_spec_{i}"] = spec
+            items.append(f"({ann!r}, _nj_spec_{i}({name})[1])")
         else:
-            namespace[f"spec_{i}"] = extra
-            items.append(f"spec_{i}(a{i})")
-    names = [f"a{i}" for i in range(len(items))]
+            namespace[f"_nj_spec_{i}"] = extra
+            items.append(f"_nj_spec_{i}({name})")
     src = (
-        f"def bind({', '.join(arglist + ['**options'])}):\n"
-        f"    return ({', '.join(names)}{',' if names else ''}), ({', '.join(items)}{',' if items else ''}), options\n"
+        f"def bind({', '.join(arglist + ['**_nj_options'])}):\n"
+        f"    return ({', '.join(names)}{',' if names else ''}), ({', '.join(items)}{',' if items else ''}), _nj_options\n"
     )
-    # Keyword calls use the kernel's parameter names; map them onto the a<i> positions.
-    code = compile(src, f"<nojit binder {fn.__module__}:{fn.__qualname__}>", "exec")
-    exec(code, namespace)
-    positional = namespace["bind"]
-    index = {p.name: i for i, p in enumerate(fn.params)}
-
-    def bind(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], tuple[SpecItem, ...], dict]:
-        if kwargs:
-            renamed = {}
-            for k, v in kwargs.items():
-                i = index.get(k)
-                renamed[f"a{i}" if i is not None else k] = v
-            return positional(*args, **renamed)
-        return positional(*args)
-
-    return bind
+    exec(compile(src, f"<nojit binder {fn.__module__}:{fn.__qualname__}>", "exec"), namespace)
+    return namespace["bind"]
 
 
 def options_key(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:

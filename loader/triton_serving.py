@@ -6,6 +6,9 @@ path to a compile for this kernel and no other kernel is touched. A call binds i
 arguments, computes the key Triton would compute, and launches the matching cubin through
 the C launcher on torch's current stream. Triton's driver object is never touched (its
 first use builds a C module with gcc).
+
+The hot path is kept short on purpose: one generated binder call, two dict lookups, one
+generated packer, one C call.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.cuda_launch import launcher
+from nojit.loader.errors import LaunchError
 from nojit.loader.manifest import Entry, KernelRecord, TritonLaunch
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.torch_cuda import current_device, current_stream
@@ -30,79 +34,86 @@ from nojit.loader.triton_key import (
     options_key,
 )
 
-_MASK64 = (1 << 64) - 1
 _pack_double = struct.Struct("<d").pack
 _unpack_u64 = struct.Struct("<Q").unpack
+_ERRLEN = 512
 
 
-def _pointer(v: Any) -> int:
-    return v.data_ptr() if v.__class__ is not int else v
-
-
-def _integer(v: Any) -> int:
-    return int(v) & _MASK64
-
-
-def _floating(v: Any) -> int:
+def _double_bits(v: Any) -> int:
     return _unpack_u64(_pack_double(float(v)))[0]
 
 
-_PACKERS = {"p": _pointer, "l": _integer, "L": _integer, "i": _integer, "u": _integer, "h": _integer,
-            "H": _integer, "c": _integer, "f": _floating, "d": _floating, "e": _floating, "b": _floating}
+def _make_packer(args: tuple[tuple[int, str], ...]) -> Any:
+    """A generated function: bound arguments -> the 64-bit slots the C launcher reads."""
+    parts = []
+    for index, code in args:
+        if code == "p":
+            parts.append(f"b[{index}].data_ptr()")
+        elif code in "fdeb":
+            parts.append(f"_bits(b[{index}])")
+        else:
+            parts.append(f"int(b[{index}]) & 0xFFFFFFFFFFFFFFFF")
+    namespace = {"_bits": _double_bits}
+    exec(f"def pack(b):\n    return [{', '.join(parts + ['0', '0'])}]\n", namespace)
+    return namespace["pack"]
 
 
 class TritonVariant:
     """One bundled cubin with everything needed to launch it."""
-
-    __slots__ = ("entry", "launch", "kernel", "_bundle", "_types", "_plan", "_block", "_cluster", "_scratch")
 
     def __init__(self, entry: Entry, bundle: Bundle) -> None:
         launch = entry.launch
         assert isinstance(launch, TritonLaunch)
         self.entry = entry
         self.launch = launch
-        self.kernel = entry.kernel
         self._bundle = bundle
-        self._plan = tuple((index, _PACKERS[code]) for index, code in launch.args)
+        self._pack = _make_packer(launch.args)
         self._types = ("".join(code for _, code in launch.args) + "pp").encode()
-        self._block = (32 * launch.num_warps, 1, 1)
+        self._nargs = len(launch.args) + 2
+        self._ctas = launch.num_ctas
+        self._block_x = 32 * launch.num_warps
         self._cluster = launch.cluster_dims if launch.num_ctas > 1 else (1, 1, 1)
+        self._pdl = int(launch.launch_pdl)
+        self._coop = int(launch.launch_cooperative_grid)
         self._scratch = launch.global_scratch_size > 0 or launch.profile_scratch_size > 0
+        self._functions: dict[int, int] = {}
+        lch = launcher()
+        self._c_launch = lch.c_launch
+        self._err = lch.new_error_buffer()
 
-    def load(self, device: int):
-        launch = self.launch
-        return launcher().function(
-            device, self.entry.blob, lambda: self._bundle.read_blob(self.entry.blob), launch.symbol, launch.shared
-        )
+    def load(self, device: int) -> int:
+        """The CUfunction for `device`, loading the module on first use."""
+        f = self._functions.get(device)
+        if f is None:
+            launch = self.launch
+            loaded = launcher().function(device, self.entry.blob, lambda: self._bundle.read_blob(self.entry.blob),
+                                         launch.symbol, launch.shared)
+            if loaded.max_threads and self._block_x > loaded.max_threads:
+                raise LaunchError(f"{self.entry.kernel}: {self._block_x} threads per block, the cubin allows "
+                                  f"{loaded.max_threads}", fix="rebuild the bundle; this cubin is inconsistent")
+            f = self._functions[device] = loaded.function
+        return f
 
-    def __call__(self, bound: tuple[Any, ...], grid: tuple[int, ...]) -> None:
-        launch = self.launch
+    def __call__(self, bound: tuple[Any, ...], grid: Any) -> None:
+        n = len(grid)
         gx = grid[0]
-        gy = grid[1] if len(grid) > 1 else 1
-        gz = grid[2] if len(grid) > 2 else 1
-        if gx * gy * gz == 0:
+        gy = grid[1] if n > 1 else 1
+        gz = grid[2] if n > 2 else 1
+        if not (gx and gy and gz):
             return
         device = current_device()
-        fn = self.load(device)
-        values = [pack(bound[i]) for i, pack in self._plan]
+        function = self._functions.get(device) or self.load(device)
+        values = self._pack(bound)
         keep = None
         if self._scratch:
             keep = self._scratch_buffers(gx * gy * gz, device)
-            values.extend(t.data_ptr() if t is not None else 0 for t in keep)
-        else:
-            values.extend((0, 0))
-        launcher().launch(
-            fn.function,
-            (gx * launch.num_ctas, gy, gz),
-            self._block,
-            launch.shared,
-            current_stream(device),
-            self._types,
-            values,
-            self._cluster,
-            launch.launch_pdl,
-            launch.launch_cooperative_grid,
-        )
+            values[-2:] = [t.data_ptr() if t is not None else 0 for t in keep]
+        cluster = self._cluster
+        rc = self._c_launch(function, gx * self._ctas, gy, gz, self._block_x, 1, 1, self.launch.shared,
+                            current_stream(device), self._types, values, self._nargs, cluster[0], cluster[1],
+                            cluster[2], self._pdl, self._coop, self._err, _ERRLEN)
+        if rc:
+            raise launcher().error(self._err, f"launching {self.entry.kernel}", rc)
         del keep  # the caching allocator keeps stream order: freeing after enqueue is safe
 
     def _scratch_buffers(self, programs: int, device: int) -> list[Any]:
@@ -145,6 +156,7 @@ class TritonKernelServer:
         self._binder = make_binder(fn, specializer)
         self._debug = debug
         self._instrumentation_mode = instrumentation_mode
+        self._options: dict[tuple, tuple] = {}
         self.exact: dict[Key, TritonVariant] = {}
         self.generic: dict[Key, TritonVariant] = {}
         for e in entries:
@@ -152,25 +164,38 @@ class TritonKernelServer:
             (self.exact if e.variant == "exact" else self.generic)[key] = TritonVariant(e, bundle)
         self._jit_run = type(fn).run  # the class's own run: the JIT path for permissive misses
 
+    def options_key(self, options: dict[str, Any]) -> tuple:
+        """Triton's launch options for this call, as it would see them (debug, instrumentation added)."""
+        raw = tuple(options.items())
+        try:
+            return self._options[raw]
+        except KeyError:
+            cacheable = True
+        except TypeError:  # an unhashable option value: compute (and refuse) without caching
+            cacheable = False
+        full = dict(options)
+        full["debug"] = full.get("debug", self.fn.debug) or self._debug
+        full["instrumentation_mode"] = self._instrumentation_mode
+        okey = options_key(full)
+        if cacheable:
+            self._options[raw] = okey
+        return okey
+
     # The signature Triton's KernelInterface uses for run().
     def run(self, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        call_kwargs = dict(kwargs)
-        kwargs["debug"] = kwargs.get("debug", self.fn.debug) or self._debug
-        kwargs["instrumentation_mode"] = self._instrumentation_mode
         try:
             bound, spec, options = self._binder(*args, **kwargs)
-            key = (spec, options_key(options))
+            key = (spec, self.options_key(options))
         except UnsupportedArgument as exc:
-            return self._miss(None, str(exc), args, call_kwargs, grid, warmup)
+            return self._miss(None, str(exc), args, kwargs, grid, warmup)
         variant = self.exact.get(key)
-        if variant is not None:
-            if self.policy.recording:
-                self.policy.served(self.record.id, "triton", key_to_json(key), "exact", self.record.source_hash)
-        else:
+        if variant is None:
             variant = self.generic.get((generic_spec(spec, self._runtime_param), key[1]))
             if variant is None:
-                return self._miss(key, "", args, call_kwargs, grid, warmup)
+                return self._miss(key, "", args, kwargs, grid, warmup)
             self.policy.served(self.record.id, "triton", key_to_json(key), "generic", self.record.source_hash)
+        elif self.policy.recording:
+            self.policy.served(self.record.id, "triton", key_to_json(key), "exact", self.record.source_hash)
         if warmup:
             return variant
         if callable(grid):

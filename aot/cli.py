@@ -1,0 +1,113 @@
+"""The `nojit` command: build, inspect and check bundles.
+
+Errors from nojit print as one message with its fix and exit 2; nothing prints a traceback
+unless NOJIT_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from nojit.loader.errors import NoJitError
+
+
+def _build(args: argparse.Namespace) -> int:
+    from nojit.aot.build import BuildOptions, build
+    from nojit.aot.deployment import DEFAULT_DEPLOYMENT, default_deployment_text, load_deployment
+    from nojit.aot.report import summary
+    from nojit.loader.bundle_file import Bundle
+
+    if args.print_default_deployment:
+        sys.stdout.write(default_deployment_text())
+        return 0
+    deployment = None if args.from_plan else load_deployment(args.deployment or DEFAULT_DEPLOYMENT)
+    output = args.output or os.path.join("out", f"{deployment.name if deployment else 'bundle'}.nojit")
+    opts = BuildOptions(
+        output=output,
+        deployment=deployment,
+        groups=set(args.groups.split(",")) if args.groups else None,
+        runtimes=frozenset(args.runtime.split(",")),
+        jobs=args.jobs,
+        add_keys=args.add_keys or [],
+        plan_in=args.from_plan,
+        plan_out=args.emit_plan,
+        kernel_sources=args.kernel_sources,
+        merge=args.merge or [],
+        generic=args.generic,
+        progress=not args.quiet,
+    )
+    if args.cache_dir:
+        opts.cache_dir = args.cache_dir
+    result = build(opts)
+    print(summary(Bundle.open(output)))
+    s = result.seconds
+    print(f"\nbuild time: plan {s['plan']:.1f}s, compile {s['compile']:.1f}s ({opts.jobs} jobs), "
+          f"write {s['write']:.1f}s, total {s['total']:.1f}s")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from nojit.aot.report import summary
+    from nojit.loader.bundle_file import Bundle
+
+    bundle = Bundle.open(args.bundle)
+    if args.verify:
+        n = bundle.verify()
+        print(f"verified {n} cubins: every sha256 matches")
+    if args.json:
+        import json
+
+        print(json.dumps(bundle.manifest.to_json(), indent=1, sort_keys=True))
+    else:
+        print(summary(bundle, keys=args.keys))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nojit", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="build a bundle for a deployment")
+    b.add_argument("--deployment", help="deployment TOML (default: the built-in DeepSeek-V4-Flash H200 deployment)")
+    b.add_argument("-o", "--output", help="bundle path (default: out/<deployment name>.nojit)")
+    b.add_argument("--groups", help="comma-separated kernel groups to build (default: all the deployment reaches)")
+    b.add_argument("--runtime", default="triton,tilelang", help="triton,tilelang (default: both)")
+    b.add_argument("-j", "--jobs", type=int, default=max(1, os.cpu_count() or 1), help="compile workers")
+    b.add_argument("--add-keys", action="append", metavar="FILE", help="merge keys recorded with NOJIT_MODE=record")
+    b.add_argument("--emit-plan", metavar="FILE", help="also write the compile plan as JSON")
+    b.add_argument("--from-plan", metavar="FILE", help="compile a plan written by --emit-plan (no vLLM needed)")
+    b.add_argument("--kernel-sources", metavar="FILE", help="with --from-plan: JSON map of kernel id to source file")
+    b.add_argument("--merge", action="append", metavar="BUNDLE", help="take the entries of another bundle too")
+    b.add_argument("--generic", action=argparse.BooleanOptionalAction, default=True,
+                   help="add a universal (generic) variant per constexpr/dtype combination (default: on)")
+    b.add_argument("--cache-dir", help="compile cache (default: ~/.cache/nojit)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--print-default-deployment", action="store_true", help="print the built-in deployment TOML")
+    b.set_defaults(func=_build)
+
+    i = sub.add_parser("inspect", help="show what a bundle holds")
+    i.add_argument("bundle")
+    i.add_argument("--keys", action="store_true", help="list every entry's key")
+    i.add_argument("--verify", action="store_true", help="read every cubin and check its sha256")
+    i.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    i.set_defaults(func=_inspect)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        return args.func(args)
+    except NoJitError as exc:
+        if os.environ.get("NOJIT_DEBUG") == "1":
+            raise
+        print(f"nojit: error: {exc.message}\n  fix: {exc.fix}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nojit: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

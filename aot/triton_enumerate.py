@@ -1,0 +1,190 @@
+"""Enumerate the Triton keys a deployment will launch, by letting vLLM's own warmup code run.
+
+For every owner row, vLLM's `get_warmup_keys(...)` expands the registration into its
+CompileKeys and `owner.compile(key)` runs vLLM's real launch path with its warmup inputs,
+ending in `JITFunction.run(..., warmup=True)`. During enumeration that method is replaced
+by a recorder: each call's arguments go through Triton's own binder (the JIT's key rule)
+to give the exact key, and nothing is compiled yet. Whatever JITFunction vLLM launches is
+recorded under its own identity, even one the table did not name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from nojit.aot.deployment import Deployment
+from nojit.aot.triton_kernels import TritonOwner
+from nojit.aot.triton_offline import key_for_call
+from nojit.aot.vllm_env import import_kernel_module
+from nojit.loader.errors import BuildError, NoJitError
+from nojit.loader.triton_key import Key, UnsupportedArgument
+
+
+def kernel_id(fn: Any) -> str:
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+@dataclass(frozen=True)
+class TritonRequest:
+    """One key to compile, where it came from, and the call that produced it."""
+
+    kernel: str
+    key: Key
+    origin: str
+    sample: dict[str, Any] | None = None
+
+
+@dataclass
+class TritonKernelInfo:
+    """What the bundle records about a kernel besides its entries."""
+
+    id: str
+    source_hash: str
+    params: tuple[str, ...]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def describe_value(v: Any) -> dict[str, Any]:
+    """A portable description of one launch argument (for device checks and reports)."""
+    cls = type(v).__name__
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return {"value": v}
+    dtype = getattr(v, "dtype", None)
+    if dtype is not None and hasattr(v, "data_ptr"):
+        desc: dict[str, Any] = {"tensor": str(dtype).removeprefix("torch."), "aligned": v.data_ptr() % 16 == 0}
+        shape = getattr(v, "shape", None)
+        if shape is not None:
+            desc["shape"] = [int(s) for s in shape]
+            try:
+                desc["strides"] = [int(s) for s in v.stride()]
+            except Exception:
+                pass
+        return desc
+    return {"repr": f"{cls}:{v!r:.120}"}
+
+
+@contextlib.contextmanager
+def recording_jit_calls() -> Iterator[list[tuple[Any, tuple, dict]]]:
+    """Replace JITFunction.run (class-wide, build process only) by a recorder."""
+    from triton.runtime.jit import JITFunction
+
+    calls: list[tuple[Any, tuple, dict]] = []
+    original = JITFunction.run
+
+    def record(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+        calls.append((self, args, kwargs))
+        return None
+
+    JITFunction.run = record
+    try:
+        yield calls
+    finally:
+        JITFunction.run = original
+
+
+def resolve_owner(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    module = import_kernel_module(module_name)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _call_get_warmup_keys(owner: Any, registration: dict[str, Any], vllm_config: Any) -> list[Any]:
+    kwargs = dict(registration)
+    params = inspect.signature(owner.get_warmup_keys).parameters
+    # JitWarmupRegistry.warmup()'s own rule: a bare registration gets vllm_config injected.
+    if not kwargs and "vllm_config" in params:
+        kwargs = {"vllm_config": vllm_config}
+    elif "vllm_config" in params and "vllm_config" not in kwargs:
+        kwargs["vllm_config"] = vllm_config
+    return list(owner.get_warmup_keys(**kwargs))
+
+
+def enumerate_owner(owner_row: TritonOwner, deployment: Deployment, vllm_config: Any) -> list[TritonRequest]:
+    """All keys vLLM declares for one owner row in this deployment."""
+    registrations = owner_row.registrations(deployment)
+    if not registrations:
+        return []
+    try:
+        owner = resolve_owner(owner_row.owner)
+    except (ImportError, AttributeError) as exc:
+        raise BuildError(f"vLLM has no warmup owner {owner_row.owner}: {exc}",
+                         fix="this nojit's kernel table is for vLLM 0.33.0; install that version") from None
+    out: list[TritonRequest] = []
+    for registration in registrations:
+        try:
+            compile_keys = _call_get_warmup_keys(owner, registration, vllm_config)
+        except NoJitError:
+            raise
+        except Exception as exc:
+            raise BuildError(
+                f"vLLM's get_warmup_keys for {owner_row.owner} failed with {registration or 'no arguments'}: "
+                f"{type(exc).__name__}: {exc}",
+                fix="check the deployment values; if they are right, report this to nojit",
+            ) from exc
+        for ck in compile_keys:
+            with recording_jit_calls() as calls:
+                try:
+                    owner.compile(ck)
+                except NoJitError:
+                    raise
+                except Exception as exc:
+                    raise BuildError(
+                        f"vLLM's warmup launch for {owner_row.owner} key {ck} failed: {type(exc).__name__}: {exc}",
+                        fix="report this to nojit with the vLLM version",
+                    ) from exc
+            if not calls:
+                raise BuildError(f"{owner_row.owner} key {ck} launched no Triton kernel during warmup",
+                                 fix="report this to nojit with the vLLM version")
+            for fn, args, kwargs in calls:
+                out.append(_request(fn, args, kwargs, f"registry:{owner_row.owner}"))
+    return out
+
+
+def _request(fn: Any, args: tuple, kwargs: dict, origin: str) -> TritonRequest:
+    try:
+        key = key_for_call(fn, args, kwargs)
+    except UnsupportedArgument as exc:
+        raise BuildError(f"{kernel_id(fn)}: {exc}", fix="this kernel cannot be bundled yet; leave it out") from None
+    names = [p.name for p in fn.params]
+    sample = {name: describe_value(v) for name, v in zip(names, args)}
+    sample.update({k: describe_value(v) for k, v in kwargs.items()})
+    return TritonRequest(kernel_id(fn), key, origin, sample)
+
+
+def kernel_info(fn: Any, owner_row: TritonOwner | None) -> TritonKernelInfo:
+    info: dict[str, Any] = {
+        "constexpr": [p.num for p in fn.params if p.is_constexpr],
+        "do_not_specialize": [p.num for p in fn.params if p.do_not_specialize],
+        "do_not_specialize_on_alignment": [p.num for p in fn.params if p.do_not_specialize_on_alignment],
+        "file": inspect.getsourcefile(fn.fn) or "",
+    }
+    if owner_row is not None:
+        info["owner"] = owner_row.owner
+        info["site"] = owner_row.site
+    return TritonKernelInfo(kernel_id(fn), fn.cache_key, tuple(p.name for p in fn.params), info)
+
+
+def jit_function_of(obj: Any) -> Any:
+    from triton.runtime.jit import JITFunction
+
+    while obj is not None and not isinstance(obj, JITFunction):
+        obj = getattr(obj, "fn", None)
+    return obj
+
+
+def dedupe(requests: list[TritonRequest]) -> list[TritonRequest]:
+    """First request per (kernel, key) wins; order is kept."""
+    seen: set[tuple[str, Key]] = set()
+    out = []
+    for r in requests:
+        if (r.kernel, r.key) not in seen:
+            seen.add((r.kernel, r.key))
+            out.append(r)
+    return out

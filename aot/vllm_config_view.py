@@ -1,0 +1,79 @@
+"""The slice of vLLM's VllmConfig that vLLM's warmup-key providers read, built from a deployment.
+
+A real VllmConfig cannot be built on a GPU-less box without the checkpoint (it loads the
+model's files and probes the device). The providers only read a handful of fields; this
+view holds exactly those, with the HF config being transformers' own DeepseekV4Config.
+A provider that reads a field missing here fails the build with an error naming it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from nojit.aot.deployment import Deployment
+from nojit.loader.errors import BuildError
+
+
+class _View(SimpleNamespace):
+    """A namespace whose missing attributes are a clear BuildError, not an AttributeError."""
+
+    _path = "vllm_config"
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise BuildError(
+            f"a vLLM warmup-key provider read {self._path}.{name}, which nojit's deployment view does not hold",
+            fix="add the field to nojit/aot/vllm_config_view.py (and to the deployment file if it varies)",
+        )
+
+
+def _view(path: str, **fields: Any) -> _View:
+    v = _View(**fields)
+    object.__setattr__(v, "_path", path)
+    return v
+
+
+def make_vllm_config(d: Deployment) -> _View:
+    import torch
+    from transformers import DeepseekV4Config
+
+    hf = DeepseekV4Config(**d.hf_config)
+    dtype = getattr(torch, d.dtype)
+    spec = None
+    if d.spec_decode:
+        spec = _view(
+            "vllm_config.speculative_config",
+            method=d.speculative_method,
+            num_speculative_tokens=d.num_speculative_tokens,
+            enable_adaptive_verification=False,
+            use_dspark=lambda: False,
+        )
+    return _view(
+        "vllm_config",
+        model_config=_view(
+            "vllm_config.model_config",
+            hf_config=hf,
+            hf_text_config=hf,
+            max_model_len=d.max_model_len,
+            dtype=dtype,
+            architectures=list(d.hf_config.get("architectures") or ["DeepseekV4ForCausalLM"]),
+            get_vocab_size=lambda: int(hf.vocab_size),
+        ),
+        scheduler_config=_view(
+            "vllm_config.scheduler_config",
+            max_num_batched_tokens=d.max_num_batched_tokens,
+            max_num_seqs=d.max_num_seqs,
+        ),
+        cache_config=_view("vllm_config.cache_config", block_size=d.block_size, cache_dtype=d.kv_cache_dtype),
+        parallel_config=_view(
+            "vllm_config.parallel_config",
+            tensor_parallel_size=d.tensor_parallel_size,
+            pipeline_parallel_size=1,
+            decode_context_parallel_size=1,
+            prefill_context_parallel_size=1,
+            cp_kv_cache_interleave_size=1,
+        ),
+        speculative_config=spec,
+    )

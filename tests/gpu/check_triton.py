@@ -1,0 +1,201 @@
+"""GPU check: every bundled Triton key, loader vs Triton JIT, bit for bit, with zero compiles.
+
+Run on an sm_90 machine (the H200 through the device tool):
+
+    python tests/gpu/check_triton.py --bundle B.nojit [--sources MAP.json] [--variant exact|generic]
+
+For each kernel two fresh processes run the same keys on the same seeded inputs:
+  loader: NOJIT_MODE=strict, CUDA_DISABLE_PTX_JIT=1, an empty Triton cache, an audit hook
+          counting every process started; Triton's post-compile hook counts compiles.
+  jit:    plain Triton `kernel[grid](...)` on the kernel's source (compiles each key).
+Both hash every byte of every buffer afterwards; the table says whether they are identical,
+how many compiles and processes the loader run saw (must be 0), and whether the JIT's own
+cubin equals the bundled one. `--variant generic` launches each kernel's universal entry
+with the arguments of every exact key instead (the loader must serve them as fallbacks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def _resolver(sources: str | None):
+    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
+
+    smap = load_source_map(sources) if sources else None
+    return lambda kid: resolve_kernel(kid, smap)
+
+
+def _entries(bundle_path: str, kernel: str, variant: str):
+    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.triton_key import key_from_json
+
+    b = Bundle.open(bundle_path)
+    exact = [e for e in b.entries(kernel) if e.variant == "exact"]
+    return b, [(i, key_from_json(e.key), e) for i, e in enumerate(exact)]
+
+
+def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: int, variant: str, out: str) -> None:
+    events: list[str] = []
+    if role == "loader":
+        os.environ["CUDA_DISABLE_PTX_JIT"] = "1"
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="nojit-empty-triton-cache-")
+        sys.addaudithook(lambda ev, args: events.append(f"{ev}:{str(args[0])[:60]}")
+                         if ev in ("subprocess.Popen", "os.posix_spawn", "os.system", "os.exec") else None)
+    import torch
+    import triton
+
+    from nojit.loader.triton_key import key_text
+    from triton_harness import GRID, fingerprint, synthesize, written_elements
+
+    compiles: list[str] = []
+    triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiles.append(str(kw.get("key"))[:80])
+    resolve = _resolver(sources)
+    from nojit.aot.triton_enumerate import jit_function_of
+
+    fn = jit_function_of(resolve(kernel))
+    bundle, entries = _entries(bundle_path, kernel, variant)
+    results = {}
+    if role == "loader":
+        from nojit.loader import guards
+        from nojit.loader.install import install
+
+        inst = install(bundle_path, mode="strict", resolver=resolve, allow_mismatch=frozenset({"vllm"}),
+                       kernels={kernel})
+        server = inst.triton[kernel]
+        if variant == "generic":
+            server.exact.clear()  # every call must now be served by the kernel's universal entries
+    t0 = time.perf_counter()
+    for i, key, entry in entries:
+        kwargs, buffers, outputs = synthesize(fn, key, seed + i)
+        row: dict = {"key": key_text(key)}
+        if role == "loader":
+            bound, spec, options = server._binder(**{**kwargs, "debug": False, "instrumentation_mode": ""})
+            from nojit.loader.triton_key import generic_spec, options_key
+
+            row["key_matches"] = (spec, options_key(options)) == key
+            if variant == "generic":
+                gkey = (generic_spec(spec, server._runtime_param), options_key(options))
+                row["served"] = "generic" if gkey in server.generic else "missing"
+            fn[GRID](**kwargs)
+        else:
+            compiled = fn[GRID](**kwargs)
+            import hashlib
+
+            row["jit_hash"] = compiled.hash
+            row["jit_cubin"] = hashlib.sha256(compiled.asm["cubin"]).hexdigest()
+            row["bundle_hash"] = entry.launch.compile_hash
+            row["bundle_cubin"] = entry.blob
+            # Run the JIT a second time on fresh copies: a key whose result differs between two
+            # JIT runs is nondeterministic on these inputs, and cannot be compared bit for bit.
+            again_kwargs, again_buffers, _ = synthesize(fn, key, seed + i)
+            fn[GRID](**again_kwargs)
+            row["deterministic"] = fingerprint(again_buffers) == fingerprint(buffers)
+        row["hash"] = fingerprint(buffers)
+        row["written"] = written_elements(fn, buffers, kwargs, outputs)
+        results[i] = row
+    torch.cuda.synchronize()
+    summary = {"role": role, "results": results, "seconds": time.perf_counter() - t0, "compiles": compiles,
+               "processes": events}
+    if role == "loader":
+        summary["guard_attempts"] = list(guards.compile_attempts)
+        summary["served"] = {k: v for k, v in inst.policy.summary().items()}
+        summary["loads"] = __import__("nojit.loader.cuda_launch", fromlist=["launcher"]).launcher().loads
+    with open(out, "w") as f:
+        json.dump(summary, f)
+
+
+def run_kernel(args: argparse.Namespace, kernel: str, seed: int, workdir: str) -> dict:
+    outs = {}
+    procs = {}
+    for role in ("loader", "jit"):
+        outs[role] = os.path.join(workdir, f"{abs(hash(kernel))}-{role}.json")
+        cmd = [sys.executable, __file__, "--child", role, "--bundle", args.bundle, "--kernel", kernel, "--seed", str(seed),
+               "--variant", args.variant, "--out", outs[role]]
+        if args.sources:
+            cmd += ["--sources", args.sources]
+        procs[role] = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    report = {"kernel": kernel}
+    for role, p in procs.items():
+        if p.returncode != 0:
+            report["error"] = f"{role} exited {p.returncode}: {p.stderr[-1500:]}"
+            return report
+        with open(outs[role]) as f:
+            report[role] = json.load(f)
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--sources")
+    ap.add_argument("--variant", default="exact", choices=["exact", "generic"])
+    ap.add_argument("--kernels", help="substring filter on kernel ids")
+    ap.add_argument("--json", help="write the full report here")
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--child")
+    ap.add_argument("--kernel")
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.bundle, args.kernel, args.sources, args.seed, args.variant, args.out)
+        return 0
+    from nojit.loader.bundle_file import Bundle
+
+    bundle = Bundle.open(args.bundle)
+    kernels = [k for k, r in sorted(bundle.manifest.kernels.items())
+               if r.runtime == "triton" and (not args.kernels or args.kernels in k)]
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"bundle {args.bundle}: {len(kernels)} Triton kernels, variant {args.variant}, seed {seed}", flush=True)
+    workdir = tempfile.mkdtemp(prefix="nojit-gpu-check-")
+    with ThreadPoolExecutor(args.parallel) as pool:
+        reports = list(pool.map(lambda k: run_kernel(args, k, seed, workdir), kernels))
+    rows, ok_all = [], True
+    for r in reports:
+        name = r["kernel"].rpartition(":")[2] + "  (" + r["kernel"].partition(":")[0].rpartition(".")[2] + ")"
+        if "error" in r:
+            ok_all = False
+            rows.append((name, "-", "ERROR", "-", "-", "-", "-", r["error"].splitlines()[-1][:80]))
+            continue
+        lo, ji = r["loader"], r["jit"]
+        n = len(lo["results"])
+        same = sum(lo["results"][i]["hash"] == ji["results"][i]["hash"] for i in lo["results"])
+        racy = sum(not ji["results"][i]["deterministic"] for i in ji["results"])
+        key_ok = all(v.get("key_matches") for v in lo["results"].values())
+        cubin_same = sum(ji["results"][i]["jit_cubin"] == ji["results"][i]["bundle_cubin"] for i in ji["results"])
+        written = sum(v["written"] for v in lo["results"].values())
+        compiles = len(lo["compiles"]) + len(lo["guard_attempts"])
+        procs = len(lo["processes"])
+        served = lo.get("served", {})
+        fallback_ok = all(v.get("served", "generic") == "generic" for v in lo["results"].values())
+        ok = same == n and key_ok and compiles == 0 and procs == 0 and fallback_ok
+        ok_all &= ok
+        ident = "yes" if same == n else f"NO ({same}/{n})"
+        if racy:
+            ident += f", {racy} nondeterministic in JIT too"
+        rows.append((name, str(n), ident, f"{cubin_same}/{n}", str(compiles),
+                     str(procs), str(written), ",".join(f"{k}={v}" for k, v in sorted(served.items())) or "-"))
+    header = ("kernel", "keys", "identical", "same cubin", "compiles", "procs", "written", "served")
+    widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header))]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    print(f"\nRESULT: {'PASS' if ok_all else 'FAIL'} ({len(kernels)} kernels, variant {args.variant})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seed": seed, "reports": reports}, f)
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

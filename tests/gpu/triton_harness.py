@@ -1,0 +1,135 @@
+"""Launch one bundled Triton key twice on the GPU, through the loader and through Triton's JIT.
+
+Inputs are synthesized from the key itself, so they select exactly that key in both paths:
+pointers get buffers of the key's dtype (offset by one element where the key says the
+pointer is not 16-byte aligned), ints get small values of the key's class (1, a multiple
+of 16, or neither), constexprs their key values. Every buffer is filled from one seed;
+buffers the kernel stores to are poisoned (all bits set) first. Both paths start from
+identical bytes, and afterwards every byte of every buffer is hashed for comparison.
+
+The kernel semantics are not modelled: values are small so that every address stays
+inside its buffer, which is padded on both sides.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import random
+import textwrap
+from typing import Any
+
+import torch
+
+ELEMS = 1 << 16  # elements per buffer
+MARGIN = 1 << 13  # elements before the pointer, for small negative offsets
+GRID = (3, 2, 1)
+
+_DTYPES = {
+    "i8": torch.int8, "u8": torch.uint8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
+    "u1": torch.bool, "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64,
+    "fp8e4nv": torch.float8_e4m3fn, "fp8e5": torch.float8_e5m2, "u32": torch.uint32, "u64": torch.uint64,
+}
+
+
+_STORES = ("store", "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas")
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, ast.BinOp):
+        node = node.left
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _stored_params(fn: Any, depth: int = 0) -> set[int]:
+    """Indices of parameters used as the base address of a store, following @jit helpers."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
+    params = [p.name for p in fn.params]
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr in _STORES and node.args:
+            root = _root(node.args[0])
+            if root in params:
+                out.add(params.index(root))
+        elif isinstance(node.func, ast.Name) and depth < 4:
+            helper = fn.__globals__.get(node.func.id)
+            if helper is not None and hasattr(helper, "params") and hasattr(helper, "fn"):
+                for j in _stored_params(helper, depth + 1):
+                    if j < len(node.args) and (root := _root(node.args[j])) in params:
+                        out.add(params.index(root))
+    return out
+
+
+def stored_pointer_names(fn: Any) -> set[str]:
+    """Parameters the kernel stores through (its outputs), including inside @jit helpers."""
+    return {fn.params[i].name for i in _stored_params(fn)}
+
+
+def _int_of_class(ty: str, attr: Any, rng: random.Random) -> int:
+    if ty != "i32":
+        raise ValueError(f"{ty} arguments need values beyond 2^31; not synthesized")
+    if attr == "D":
+        return 16 * rng.randint(1, 3)
+    if attr == "":
+        return rng.choice([2, 3, 5, 6, 7, 9, 10, 11])
+    return rng.randint(2, 24)  # not specialized: any value
+
+
+def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict[str, Any], list[torch.Tensor], set[str]]:
+    """kwargs selecting `key`, the backing buffers (in parameter order), and the output names."""
+    from nojit.aot.triton_offline import constexpr_value
+
+    spec, options = key
+    rng = random.Random(seed)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    outputs = stored_pointer_names(fn)
+    kwargs: dict[str, Any] = {}
+    buffers: list[torch.Tensor] = []
+    for p, (ty, attr) in zip(fn.params, spec):
+        if ty == "constexpr":
+            kwargs[p.name] = constexpr_value(attr)
+        elif ty.startswith("*"):
+            dtype = _DTYPES[ty.lstrip("*k")]
+            base = torch.empty(ELEMS, dtype=dtype, device=device)
+            if p.name in outputs:
+                base.view(torch.uint8).fill_(0xFF)
+            elif dtype.is_floating_point:
+                base.copy_(torch.randn(ELEMS, generator=gen, device=device, dtype=torch.float32).to(dtype))
+            elif dtype == torch.bool:
+                base.copy_(torch.randint(0, 2, (ELEMS,), generator=gen, device=device).bool())
+            else:
+                # Non-decreasing small integers: valid offsets, lengths and cumulative
+                # starts at once, so programs of one launch do not race on overlapping ranges.
+                steps = torch.randint(0, 3, (ELEMS,), generator=gen, device=device)
+                base.copy_(torch.cumsum(steps, 0).clamp_(max=127 if dtype == torch.int8 else 1 << 20).to(dtype))
+            offset = MARGIN + (1 if attr == "" else 0)
+            kwargs[p.name] = base[offset:]
+            buffers.append(base)
+        elif ty in ("fp32", "fp64", "fp16", "bf16"):
+            kwargs[p.name] = rng.uniform(0.5, 2.0)
+        elif ty == "u1":
+            kwargs[p.name] = bool(rng.getrandbits(1))
+        else:
+            kwargs[p.name] = _int_of_class(ty, attr if isinstance(attr, str) or attr is None else "", rng)
+    for name, tagged in options:
+        if name not in ("debug", "instrumentation_mode"):
+            kwargs[name] = constexpr_value(tagged)
+    return kwargs, buffers, outputs
+
+
+def fingerprint(buffers: list[torch.Tensor]) -> list[str]:
+    torch.cuda.synchronize()
+    return [hashlib.sha256(b.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:32] for b in buffers]
+
+
+def written_elements(fn: Any, buffers: list[torch.Tensor], kwargs: dict[str, Any], outputs: set[str]) -> int:
+    """How many elements of the poisoned output buffers the kernel overwrote."""
+    n = 0
+    for p, b in zip([p for p in fn.params if p.name in kwargs and isinstance(kwargs[p.name], torch.Tensor)], buffers):
+        if p.name in outputs:
+            n += int((b.view(torch.uint8).view(-1, b.element_size()) != 0xFF).any(dim=1).sum())
+    return n
