@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import platform as py_platform
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -77,6 +76,7 @@ class BuildOptions:
     output: str
     deployment: Deployment | None = None
     groups: set[str] | None = None
+    kernels: list[str] | None = None  # substrings of kernel ids to keep (default: all)
     runtimes: frozenset[str] = frozenset({"triton", "tilelang"})
     jobs: int = max(1, os.cpu_count() or 1)
     cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "nojit")
@@ -110,11 +110,15 @@ def plan_deployment(opts: BuildOptions) -> Plan:
 
         tilelang_plan.add_to_plan(plan, d)
     if "triton" in opts.runtimes:
-        _plan_triton(plan, d, opts.groups)
+        _plan_triton(plan, d, opts.groups, opts.kernels)
+    if opts.kernels:
+        keep = {k for k in plan.kernels if any(s in k for s in opts.kernels)}
+        plan.kernels = {k: v for k, v in plan.kernels.items() if k in keep}
+        plan.requests = [r for r in plan.requests if r["kernel"] in keep]
     return plan
 
 
-def _plan_triton(plan: Plan, d: Deployment, groups: set[str] | None) -> None:
+def _plan_triton(plan: Plan, d: Deployment, groups: set[str] | None, kernels: list[str] | None) -> None:
     from nojit.aot.triton_enumerate import dedupe, enumerate_owner, kernel_info
     from nojit.aot.triton_kernels import select_owners
     from nojit.aot.triton_offline import install_offline_driver
@@ -124,6 +128,8 @@ def _plan_triton(plan: Plan, d: Deployment, groups: set[str] | None) -> None:
     install_offline_driver()
     vllm_config = make_vllm_config(d)
     for row in select_owners(groups):
+        if kernels and not any(s in row.kernel for s in kernels):
+            continue
         requests = dedupe(enumerate_owner(row, d, vllm_config))
         for r in requests:
             if r.kernel not in plan.kernels:
@@ -338,6 +344,3 @@ def build(opts: BuildOptions) -> BuildResult:
     seconds["total"] = time.perf_counter() - t0
     return BuildResult(manifest, seconds, plan)
 
-
-def python_tag() -> str:
-    return f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -29,6 +29,7 @@ def _build(args: argparse.Namespace) -> int:
         output=output,
         deployment=deployment,
         groups=set(args.groups.split(",")) if args.groups else None,
+        kernels=args.kernels.split(",") if args.kernels else None,
         runtimes=frozenset(args.runtime.split(",")),
         jobs=args.jobs,
         add_keys=args.add_keys or [],
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--deployment", help="deployment TOML (default: the built-in DeepSeek-V4-Flash H200 deployment)")
     b.add_argument("-o", "--output", help="bundle path (default: out/<deployment name>.nojit)")
     b.add_argument("--groups", help="comma-separated kernel groups to build (default: all the deployment reaches)")
+    b.add_argument("--kernels", help="comma-separated substrings: build only kernels whose id contains one")
     b.add_argument("--runtime", default="triton,tilelang", help="triton,tilelang (default: both)")
     b.add_argument("-j", "--jobs", type=int, default=max(1, os.cpu_count() or 1), help="compile workers")
     b.add_argument("--add-keys", action="append", metavar="FILE", help="merge keys recorded with NOJIT_MODE=record")

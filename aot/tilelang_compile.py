@@ -5,9 +5,14 @@ pass configs and TileLang's pipeline apply), under an explicit sm_90a target and
 disk cache off (no host ``.so`` export, hence no g++ beyond nvcc's own host preprocessing). Two
 observation points are added, both inside TileLang's module namespaces and restored afterwards:
 
-* ``tilelang.contrib.nvcc.compile_cuda`` still runs, with TileLang's exact command, but its scratch
-  directory and working directory are a content-addressed folder under ``workdir``. nvcc's
-  ``-lineinfo`` embeds both, so this is what makes the cubin byte-identical from run to run.
+* ``tilelang.contrib.nvcc.compile_cuda`` still runs TileLang's own nvcc command, in a
+  content-addressed folder under ``workdir`` instead of a random temp dir. By default ``-lineinfo``
+  is dropped from that command: its DWARF line table embeds the source folder, the working
+  directory, the install paths of the included headers and the mtimes of every file (TileLang's
+  headers carry the venv's install time), so with it a cubin is only reproducible inside one
+  installed environment and workdir. Without it the cubin depends on (source, flags, nvcc) only;
+  the SASS (``.text``) is identical either way and the cubin is about 3x smaller.
+  ``lineinfo=True`` keeps TileLang's exact command and pins the source file's mtime instead.
 * ``tilelang.engine.lower.host_codegen`` is wrapped to keep the lowered host IR: its packed call of
   the device kernel is where TVM's device parameter order, the dynamic-variable sources and the
   launch dimensions are decided, so the launch plan is read from there, not assumed.
@@ -31,8 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from nojit.aot.tilelang_enumerate import TileLangVariant, resolve
-from nojit.aot.vllm_env import installed_platform
+from nojit.aot.tilelang_enumerate import TileLangVariant, kernel_module, resolve
 from nojit.loader.errors import BuildError
 
 TARGET: dict[str, str] = {"kind": "cuda", "arch": "sm_90a"}
@@ -107,12 +111,15 @@ class _UtilsInDir:
 class _SubprocessInDir:
     """``subprocess`` as seen by ``tilelang.contrib.nvcc``: records argv, runs it in a fixed cwd."""
 
-    def __init__(self, cwd: str, commands: list[list[str]]) -> None:
-        self._cwd, self._commands = cwd, commands
+    def __init__(self, cwd: str, lineinfo: bool, commands: list[tuple[list[str], list[str]]]) -> None:
+        self._cwd, self._lineinfo, self._commands = cwd, lineinfo, commands
 
     def Popen(self, cmd: list[str], *args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:  # noqa: N802
-        self._commands.append(list(cmd))
-        return subprocess.Popen(cmd, *args, cwd=self._cwd, **kwargs)
+        run = list(cmd) if self._lineinfo else [a for a in cmd if a != "-lineinfo"]
+        self._commands.append((list(cmd), run))
+        if cmd[-1].endswith(".cu"):
+            os.utime(cmd[-1], (0, 0))  # the source; its mtime lands in the line table with -lineinfo
+        return subprocess.Popen(run, *args, cwd=self._cwd, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(subprocess, name)
@@ -121,13 +128,14 @@ class _SubprocessInDir:
 @dataclass
 class _NvccRun:
     code: str
+    tilelang_command: list[str]
     command: list[str]
     cwd: str
     cubin: bytes
 
 
 @contextlib.contextmanager
-def _nvcc_at_fixed_path(workdir: str) -> Iterator[list[_NvccRun]]:
+def _nvcc_at_fixed_path(workdir: str, lineinfo: bool) -> Iterator[list[_NvccRun]]:
     """Route TileLang's ``nvcc.compile_cuda`` through a content-addressed folder under ``workdir``."""
     from tilelang.contrib import nvcc
 
@@ -136,21 +144,24 @@ def _nvcc_at_fixed_path(workdir: str) -> Iterator[list[_NvccRun]]:
 
     def compile_cuda(code: str, target_format: str = "ptx", arch: Any = None, options: Any = None,
                      path_target: str | None = None, verbose: bool = False) -> bytearray:
-        digest = hashlib.sha256(json.dumps([code, target_format, arch, options]).encode()).hexdigest()[:32]
+        content = json.dumps([code, target_format, arch, options, lineinfo]).encode()
+        digest = hashlib.sha256(content).hexdigest()[:32]
         folder = os.path.join(os.path.abspath(workdir), "tilelang-nvcc", digest)
         os.makedirs(folder, exist_ok=True)
-        commands: list[list[str]] = []
+        commands: list[tuple[list[str], list[str]]] = []
         with open(os.path.join(folder, ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             saved = nvcc.utils, nvcc.subprocess
-            nvcc.utils, nvcc.subprocess = _UtilsInDir(saved[0], folder), _SubprocessInDir(folder, commands)
+            nvcc.utils = _UtilsInDir(saved[0], folder)
+            nvcc.subprocess = _SubprocessInDir(folder, lineinfo, commands)
             try:
-                data = original(code, target_format, arch, options=options, path_target=path_target, verbose=verbose)
+                data = original(code, target_format, arch, options=options, path_target=path_target,
+                                verbose=verbose)
             finally:
                 nvcc.utils, nvcc.subprocess = saved
         if len(commands) != 1:
             raise BuildError(f"expected one nvcc invocation, saw {commands}")
-        runs.append(_NvccRun(code, commands[0], folder, bytes(data)))
+        runs.append(_NvccRun(code, commands[0][0], commands[0][1], folder, bytes(data)))
         return data
 
     nvcc.compile_cuda = compile_cuda
@@ -342,7 +353,8 @@ def _launch_plan(prim_func: Any, host_mod: Any, device_mod: Any) -> dict[str, An
     n_dev = len(dev.params)
     launch_names = [str(n) for n in attrs["tirx.kernel_launch_params"]]
     if len(host.call_args) != n_dev + len(launch_names):
-        raise BuildError(f"host launch of {symbol} has {len(host.call_args)} args, expected {n_dev}+{len(launch_names)}")
+        raise BuildError(f"host launch of {symbol} has {len(host.call_args)} args, "
+                         f"expected {n_dev} + {len(launch_names)}")
     tensor_names = [prim_func.buffer_map[p].name if p in prim_func.buffer_map else None for p in prim_func.params]
 
     dynamic_vars: dict[str, dict[str, Any]] = {}
@@ -414,18 +426,18 @@ def _tensor_params(jit_impl: Any, prim_func: Any, used: set[str]) -> tuple[dict[
             raise BuildError(f"tensor parameter {name} is missing from the lowered TileLang function")
         packed_index, buf = by_name[name]
         out.append({"name": name, "position": position, "packed_index": packed_index, "dtype": str(buf.dtype),
-                    "shape": [_expr(d) for d in buf.shape], "used_by_kernel": name in used})
+                    "shape": [_expr(d) for d in buf.shape],
+                    # What TileLang's host code checks (it skips the stride of a size-1 dim); None = compact.
+                    "strides": [_expr(d) for d in buf.strides] or None, "used_by_kernel": name in used})
     return tuple(out)
 
 
 # ----------------------------------------------------------------------------- entry point
 
 
-def compile_variant(variant: TileLangVariant, workdir: str) -> CompiledTileLangVariant:
-    """Compile ``variant`` for sm_90a with vLLM's TileLang settings; see the module docstring."""
-    if installed_platform() is None:
-        raise BuildError("the deployment platform is not installed",
-                         fix="call install_deployment_platform(facts) in the worker before compile_variant")
+def compile_variant(variant: TileLangVariant, workdir: str, *, lineinfo: bool = False) -> CompiledTileLangVariant:
+    """Compile ``variant`` for sm_90a with vLLM's TileLang settings; see the module docstring for ``lineinfo``."""
+    kernel_module()  # the platform is installed and vLLM's kernel module saw it
     import tilelang
     import tvm
     from vllm.tilelang_utils import _get_pass_configs
@@ -438,7 +450,7 @@ def compile_variant(variant: TileLangVariant, workdir: str) -> CompiledTileLangV
     with (
         _env(TILELANG_DISABLE_CACHE="1", TILELANG_DEFAULT_TARGET=target_json),
         tvm.target.Target(TARGET),
-        _nvcc_at_fixed_path(workdir) as nvcc_runs,
+        _nvcc_at_fixed_path(workdir, lineinfo) as nvcc_runs,
         _capturing_host_ir() as host_mods,
     ):
         kernel = jit_impl.compile(**variant.kwargs)
@@ -457,8 +469,9 @@ def compile_variant(variant: TileLangVariant, workdir: str) -> CompiledTileLangV
         "nvcc": run.command[0],
         "nvcc_version": _nvcc_version(run.command[0]),
         "flags": _flags(run.command, run.cwd),
+        "tilelang_flags": _flags(run.tilelang_command, run.cwd),
         "arch": TARGET["arch"],
-        "cwd": run.cwd,
+        "cwd": os.path.relpath(run.cwd, os.path.abspath(workdir)),  # relative: independent of workdir
         "source_sha256": hashlib.sha256(run.code.encode()).hexdigest(),
         "cubin_sha256": hashlib.sha256(run.cubin).hexdigest(),
         "target": str(kernel.target),

@@ -18,11 +18,11 @@ import contextlib
 import hashlib
 import importlib
 from collections.abc import Iterator, Mapping
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
 
-from nojit.aot.vllm_env import installed_platform
+from nojit.aot.vllm_env import import_kernel_module, installed_platform
 from nojit.loader.errors import BuildError
 
 OWNERS_MODULE = "vllm.model_executor.kernels.mhc.tilelang_kernels"
@@ -120,6 +120,28 @@ def resolve(qualified: str) -> Any:
     for part in attr.split("."):
         obj = getattr(obj, part)
     return obj
+
+
+def kernel_module() -> Any:
+    """Import vLLM's mHC kernel module, checking it saw the deployment platform at import.
+
+    ``ENABLE_PDL`` (emits griddepcontrol in every kernel) and ``_MIX_ON_TRAILING_THREADS`` (ROCm
+    thread layout) are module globals computed from ``current_platform`` when the module is first
+    imported; they change the generated code without entering any TileLang key.
+    """
+    facts = installed_platform()
+    if facts is None:
+        raise BuildError(
+            "the deployment platform is not installed", fix="call install_deployment_platform(facts) first"
+        )
+    tk = importlib.import_module(OWNERS_MODULE)
+    if bool(tk.ENABLE_PDL) != facts.pdl or tk._MIX_ON_TRAILING_THREADS:
+        raise BuildError(
+            f"{OWNERS_MODULE} was imported with ENABLE_PDL={tk.ENABLE_PDL}, "
+            f"_MIX_ON_TRAILING_THREADS={tk._MIX_ON_TRAILING_THREADS}; the deployment says pdl={facts.pdl} on CUDA",
+            fix="install the deployment platform before anything imports vLLM's kernel modules",
+        )
+    return tk
 
 
 def kernel_identity(jit_impl: Any) -> str:
@@ -240,7 +262,7 @@ def _variant(rec: _Recorded) -> TileLangVariant:
         key=key,
         compile_kwargs=tuple(compile_kwargs.items()),
         owner=rec.owner,
-        compile_key=tuple((f.name, v) for f, v in zip(fields(rec.compile_key), astuple(rec.compile_key))),
+        compile_key=tuple((f.name, getattr(rec.compile_key, f.name)) for f in fields(rec.compile_key)),
         call_args=tuple(names[: len(rec.args)]),
         call_kwargs=tuple(rec.kwargs),
     )
@@ -260,14 +282,13 @@ def enumerate_mhc_variants(
     count behind the split choice and the PDL flag baked into the kernels come from the installed
     platform facts.
     """
+    tk = kernel_module()
     facts = installed_platform()
-    if facts is None:
-        raise BuildError(
-            "the deployment platform is not installed", fix="call install_deployment_platform(facts) first"
-        )
-    if facts.deep_gemm != deep_gemm:
-        raise BuildError(f"deep_gemm={deep_gemm} contradicts the installed platform facts ({facts.deep_gemm})")
-    tk = importlib.import_module(OWNERS_MODULE)
+    if facts is None or facts.deep_gemm != deep_gemm:
+        raise BuildError(f"deep_gemm={deep_gemm} contradicts the installed platform facts ({facts})")
+    # JitWarmupRegistry.warmup() imports vLLM's Triton warmup helper; like the other non-TileLang vLLM
+    # modules it is imported under vLLM's neutral platform (vllm_env's rule).
+    import_kernel_module("vllm.model_executor.warmup.jit_warmup_triton_helper")
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
 
     # get_warmup_keys reads only scheduler_config.max_num_batched_tokens from the config.

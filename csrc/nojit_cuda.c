@@ -17,26 +17,26 @@
 
 #include "nojit_cuda_abi.h"
 
-typedef CUresult (*fn_cuInit)(unsigned int);
-typedef CUresult (*fn_cuDriverGetVersion)(int *);
-typedef CUresult (*fn_cuGetErrorName)(CUresult, const char **);
-typedef CUresult (*fn_cuGetErrorString)(CUresult, const char **);
-typedef CUresult (*fn_cuCtxGetCurrent)(CUcontext *);
-typedef CUresult (*fn_cuCtxSetCurrent)(CUcontext);
-typedef CUresult (*fn_cuDeviceGet)(CUdevice *, int);
-typedef CUresult (*fn_cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-typedef CUresult (*fn_cuModuleLoadData)(CUmodule *, const void *);
-typedef CUresult (*fn_cuModuleUnload)(CUmodule);
-typedef CUresult (*fn_cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
-typedef CUresult (*fn_cuFuncGetAttribute)(int *, int, CUfunction);
-typedef CUresult (*fn_cuFuncSetAttribute)(CUfunction, int, int);
-typedef CUresult (*fn_cuFuncSetCacheConfig)(CUfunction, int);
-typedef CUresult (*fn_cuLaunchKernelEx)(const NjLaunchConfig *, CUfunction, void **, void **);
+typedef NjResult (*fn_cuInit)(unsigned int);
+typedef NjResult (*fn_cuDriverGetVersion)(int *);
+typedef NjResult (*fn_cuGetErrorName)(NjResult, const char **);
+typedef NjResult (*fn_cuGetErrorString)(NjResult, const char **);
+typedef NjResult (*fn_cuCtxGetCurrent)(NjContext *);
+typedef NjResult (*fn_cuCtxSetCurrent)(NjContext);
+typedef NjResult (*fn_cuDeviceGet)(NjDevice *, int);
+typedef NjResult (*fn_cuDevicePrimaryCtxRetain)(NjContext *, NjDevice);
+typedef NjResult (*fn_cuModuleLoadData)(NjModule *, const void *);
+typedef NjResult (*fn_cuModuleUnload)(NjModule);
+typedef NjResult (*fn_cuModuleGetFunction)(NjFunction *, NjModule, const char *);
+typedef NjResult (*fn_cuFuncGetAttribute)(int *, int, NjFunction);
+typedef NjResult (*fn_cuFuncSetAttribute)(NjFunction, int, int);
+typedef NjResult (*fn_cuFuncSetCacheConfig)(NjFunction, int);
+typedef NjResult (*fn_cuLaunchKernelEx)(const NjLaunchConfig *, NjFunction, void **, void **);
 
 static struct {
   void *lib;
   int initialized;
-  CUresult init_status;
+  NjResult init_status;
   fn_cuInit cuInit;
   fn_cuDriverGetVersion cuDriverGetVersion;
   fn_cuGetErrorName cuGetErrorName;
@@ -65,7 +65,7 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
-static int driver_error(CUresult rc, const char *call, char *err, size_t errlen) {
+static int driver_error(NjResult rc, const char *call, char *err, size_t errlen) {
   const char *name = "?";
   const char *text = "";
   if (drv.cuGetErrorName)
@@ -130,7 +130,7 @@ int nojit_driver_version(int *version, char *err, size_t errlen) {
   int rc = nojit_init(err, errlen);
   if (rc)
     return rc;
-  CUresult r = drv.cuDriverGetVersion(version);
+  NjResult r = drv.cuDriverGetVersion(version);
   return r ? driver_error(r, "cuDriverGetVersion", err, errlen) : 0;
 }
 
@@ -138,13 +138,13 @@ int nojit_ensure_context(int device, char *err, size_t errlen) {
   int rc = nojit_init(err, errlen);
   if (rc)
     return rc;
-  CUcontext ctx = NULL;
-  CUresult r = drv.cuCtxGetCurrent(&ctx);
+  NjContext ctx = NULL;
+  NjResult r = drv.cuCtxGetCurrent(&ctx);
   if (r)
     return driver_error(r, "cuCtxGetCurrent", err, errlen);
   if (ctx)
     return 0;
-  CUdevice dev;
+  NjDevice dev;
   r = drv.cuDeviceGet(&dev, device);
   if (r)
     return driver_error(r, "cuDeviceGet", err, errlen);
@@ -165,11 +165,11 @@ int nojit_load(const void *image, size_t image_size, const char *symbol, uint32_
     set_err(err, errlen, "nojit_load: empty image or symbol");
     return NOJIT_ERR_BAD_ARGUMENT;
   }
-  CUmodule mod = NULL;
-  CUresult r = drv.cuModuleLoadData(&mod, image);
+  NjModule mod = NULL;
+  NjResult r = drv.cuModuleLoadData(&mod, image);
   if (r)
     return driver_error(r, "cuModuleLoadData", err, errlen);
-  CUfunction fn = NULL;
+  NjFunction fn = NULL;
   r = drv.cuModuleGetFunction(&fn, mod, symbol);
   if (r) {
     rc = driver_error(r, "cuModuleGetFunction", err, errlen);
@@ -202,7 +202,7 @@ int nojit_unload(uint64_t module, char *err, size_t errlen) {
   int rc = nojit_init(err, errlen);
   if (rc)
     return rc;
-  CUresult r = drv.cuModuleUnload((CUmodule)(uintptr_t)module);
+  NjResult r = drv.cuModuleUnload((NjModule)(uintptr_t)module);
   return r ? driver_error(r, "cuModuleUnload", err, errlen) : 0;
 }
 
@@ -371,10 +371,10 @@ int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t g
     cfg.blockDimY = block_y;
     cfg.blockDimZ = block_z;
     cfg.sharedMemBytes = shared_bytes;
-    cfg.hStream = (CUstream)(uintptr_t)stream;
+    cfg.hStream = (NjStream)(uintptr_t)stream;
     cfg.attrs = n_attrs ? attrs : NULL;
     cfg.numAttrs = n_attrs;
-    CUresult r = drv.cuLaunchKernelEx(&cfg, (CUfunction)(uintptr_t)function, params, NULL);
+    NjResult r = drv.cuLaunchKernelEx(&cfg, (NjFunction)(uintptr_t)function, params, NULL);
     if (r)
       rc = driver_error(r, "cuLaunchKernelEx", err, errlen);
   }

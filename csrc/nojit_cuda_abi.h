@@ -8,12 +8,12 @@
 #ifndef NOJIT_CUDA_ABI_H
 #define NOJIT_CUDA_ABI_H
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUmod_st *CUmodule;
-typedef struct CUfunc_st *CUfunction;
-typedef struct CUstream_st *CUstream;
+typedef int NjResult;
+typedef int NjDevice;
+typedef struct NjCtx_st *NjContext;
+typedef struct NjMod_st *NjModule;
+typedef struct NjFunc_st *NjFunction;
+typedef struct NjStream_st *NjStream;
 
 #define NJ_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK 0
 #define NJ_FUNC_ATTRIBUTE_NUM_REGS 4
@@ -53,7 +53,7 @@ typedef struct NjLaunchConfig {
   unsigned int blockDimY;
   unsigned int blockDimZ;
   unsigned int sharedMemBytes;
-  CUstream hStream;
+  NjStream hStream;
   NjLaunchAttribute *attrs;
   unsigned int numAttrs;
 } NjLaunchConfig;

@@ -143,6 +143,8 @@ def _read_header(f: Any, path: str, size: int) -> Header:
             f"{path}: bundle format {fmt}, this nojit reads format {FORMAT_VERSION}",
             fix="rebuild the bundle with this nojit version, or install the nojit that built it",
         )
+    if flags != 0:
+        raise BundleCorruptError(f"{path}: header flags {flags:#x} are not defined in format {fmt}", fix=_FIX)
     if moff < HEADER.size or mlen == 0 or moff + mlen > size:
         raise BundleCorruptError(f"{path}: manifest at {moff}+{mlen} lies outside the {size}-byte file", fix=_FIX)
     if not 0 < msize <= MAX_MANIFEST_BYTES:

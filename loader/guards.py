@@ -74,9 +74,22 @@ def install_strict_guards() -> None:
             _state["tilelang"] = True
 
 
+_restore: list[tuple[Any, str, Any]] = []
+
+
+def _patch(obj: Any, name: str, value: Any) -> None:
+    _restore.append((obj, name, getattr(obj, name)))
+    setattr(obj, name, value)
+
+
 def deactivate() -> None:
-    """For tests: the audit hook stays installed but stops refusing."""
-    _state["active"] = False
+    """Undo the guards (uninstall, tests): restores what was patched; the audit hook goes inert."""
+    with _lock:
+        _state["active"] = False
+        while _restore:
+            obj, name, value = _restore.pop()
+            setattr(obj, name, value)
+        _state["triton"] = _state["tilelang"] = False
 
 
 def _guard_triton() -> None:
@@ -91,9 +104,9 @@ def _guard_triton() -> None:
         name = getattr(getattr(src, "fn", None), "__qualname__", src)
         raise _forbid(f"triton.compile was called for {name}")
 
-    JITFunction._do_compile = no_do_compile
-    compiler_mod.compile = no_compile
-    triton.compile = no_compile
+    _patch(JITFunction, "_do_compile", no_do_compile)
+    _patch(compiler_mod, "compile", no_compile)
+    _patch(triton, "compile", no_compile)
     knobs = getattr(triton, "knobs", None)
     build = getattr(knobs, "build", None)
     if build is not None and hasattr(build, "impl"):
@@ -101,7 +114,7 @@ def _guard_triton() -> None:
         def no_build(name: str, *args: Any, **kwargs: Any) -> str:
             raise _forbid(f"Triton was about to build its C module {name} with a host compiler")
 
-        build.impl = no_build
+        _patch(build, "impl", no_build)
 
 
 def _guard_tilelang() -> None:
@@ -110,8 +123,8 @@ def _guard_tilelang() -> None:
     def no_compile(*args: Any, **kwargs: Any) -> Any:
         raise _forbid("TileLang was about to compile a kernel")
 
-    tilelang.compile = no_compile
+    _patch(tilelang, "compile", no_compile)
     impl = getattr(sys.modules.get("tilelang.jit"), "JITImpl", None)
     if impl is not None:
-        impl.compile = no_compile
-        impl.par_compile = no_compile
+        _patch(impl, "compile", no_compile)
+        _patch(impl, "par_compile", no_compile)

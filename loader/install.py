@@ -81,14 +81,22 @@ class Installation:
         return sum(s.preload(dev) for s in (*self.triton.values(), *self.tilelang.values()))
 
     def uninstall(self) -> None:
-        """Give the kernels back their own JIT paths (tests and tools only)."""
+        """Give the kernels back their own JIT paths and lift the strict guards (tests and tools)."""
+        global _current
         for server in self.triton.values():
             server.fn.__dict__.pop("run", None)
-        from nojit.loader import tilelang_serving
+        if self.tilelang:
+            from nojit.loader import tilelang_serving
 
-        tilelang_serving.uninstall(self.tilelang)
+            tilelang_serving.uninstall(self.tilelang)
         self.triton.clear()
         self.tilelang.clear()
+        from nojit.loader import guards
+
+        guards.deactivate()
+        with _lock:
+            if _current is self:
+                _current = None
 
 
 _lock = threading.Lock()

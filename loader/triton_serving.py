@@ -101,7 +101,11 @@ class TritonVariant:
         gz = grid[2] if n > 2 else 1
         if not (gx and gy and gz):
             return
-        device = current_device()
+        try:
+            device = current_device()
+        except RuntimeError as exc:  # torch found no driver / no GPU
+            raise LaunchError(f"cannot launch {self.entry.kernel}: {exc}",
+                              fix="run on a machine with an NVIDIA GPU and driver (libcuda.so.1)") from None
         function = self._functions.get(device) or self.load(device)
         values = self._pack(bound)
         keep = None

@@ -1,0 +1,69 @@
+/* A stand-in libcuda.so.1 for CPU tests: records what the launcher passes, launches nothing.
+ * Each launch appends one line to $FAKE_CUDA_LOG:
+ *   grid=x,y,z block=x,y,z smem=N stream=S nattrs=K attrs=id:v,... params=<hex of each param, by cubin size>
+ * The "cubin" is text: "FAKE <symbol> <param sizes, comma-separated>"; loading anything else fails.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "nojit_cuda_abi.h"
+
+typedef struct { char symbol[128]; int nsizes; int sizes[64]; } FakeModule;
+static int current_ctx = 0;
+
+NjResult cuInit(unsigned int f) { return 0; }
+NjResult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
+NjResult cuGetErrorName(NjResult r, const char **s) { *s = r == 200 ? "CUDA_ERROR_INVALID_IMAGE" : "CUDA_ERROR_FAKE"; return 0; }
+NjResult cuGetErrorString(NjResult r, const char **s) { *s = "fake driver error"; return 0; }
+NjResult cuCtxGetCurrent(NjContext *c) { *c = current_ctx ? (NjContext)0x1 : NULL; return 0; }
+NjResult cuCtxSetCurrent(NjContext c) { current_ctx = c != NULL; return 0; }
+NjResult cuDeviceGet(NjDevice *d, int o) { *d = o; return 0; }
+NjResult cuDevicePrimaryCtxRetain(NjContext *c, NjDevice d) { *c = (NjContext)0x1; return 0; }
+NjResult cuModuleLoadData(NjModule *m, const void *image) {
+  const char *s = (const char *)image;
+  if (strncmp(s, "FAKE ", 5) != 0) return 200;
+  FakeModule *fm = calloc(1, sizeof(FakeModule));
+  char sizes[512];
+  if (sscanf(s + 5, "%127s %511s", fm->symbol, sizes) != 2) { free(fm); return 200; }
+  for (char *tok = strtok(sizes, ","); tok && fm->nsizes < 64; tok = strtok(NULL, ",")) fm->sizes[fm->nsizes++] = atoi(tok);
+  *m = (NjModule)fm;
+  return 0;
+}
+NjResult cuModuleUnload(NjModule m) { free(m); return 0; }
+NjResult cuModuleGetFunction(NjFunction *f, NjModule m, const char *name) {
+  if (strcmp(((FakeModule *)m)->symbol, name) != 0) return 500;
+  *f = (NjFunction)m;
+  return 0;
+}
+NjResult cuFuncGetAttribute(int *v, int attr, NjFunction f) { *v = attr == 0 ? 1024 : 32; return 0; }
+NjResult cuFuncSetAttribute(NjFunction f, int attr, int v) {
+  FILE *log = fopen(getenv("FAKE_CUDA_LOG"), "a");
+  fprintf(log, "setattr %d=%d\n", attr, v);
+  fclose(log);
+  return 0;
+}
+NjResult cuFuncSetCacheConfig(NjFunction f, int c) { return 0; }
+NjResult cuLaunchKernelEx(const NjLaunchConfig *cfg, NjFunction f, void **params, void **extra) {
+  FakeModule *fm = (FakeModule *)f;
+  FILE *log = fopen(getenv("FAKE_CUDA_LOG"), "a");
+  fprintf(log, "grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%llu nattrs=%u attrs=", cfg->gridDimX, cfg->gridDimY,
+          cfg->gridDimZ, cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ, cfg->sharedMemBytes,
+          (unsigned long long)(uintptr_t)cfg->hStream, cfg->numAttrs);
+  for (unsigned i = 0; i < cfg->numAttrs; i++) {
+    const NjLaunchAttribute *a = &cfg->attrs[i];
+    if (a->id == NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+      fprintf(log, "%d:%u.%u.%u,", a->id, a->value.clusterDim.x, a->value.clusterDim.y, a->value.clusterDim.z);
+    else
+      fprintf(log, "%d:%d,", a->id, a->value.cooperative);
+  }
+  fprintf(log, " params=");
+  for (int i = 0; i < fm->nsizes; i++) {
+    const unsigned char *p = (const unsigned char *)params[i];
+    for (int b = fm->sizes[i] - 1; b >= 0; b--) fprintf(log, "%02x", p[b]);
+    fprintf(log, i + 1 < fm->nsizes ? "," : "");
+  }
+  fprintf(log, "\n");
+  fclose(log);
+  return 0;
+}

@@ -1,0 +1,183 @@
+"""The loader on a machine with no GPU: install checks, strict/permissive/record policy, guards.
+
+Launching needs a GPU; here a bundled key must get as far as the C launcher (which reports
+the missing driver as a typed LaunchError), and nothing may ever compile.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+
+import pytest
+import torch
+
+from conftest import needs_vllm
+from nojit.aot.bundle_writer import write_bundle
+from nojit.loader import guards
+from nojit.loader.bundle_file import Bundle
+from nojit.loader.errors import BundleMismatchError, CompileForbiddenError, KernelNotInBundleError, LaunchError
+from nojit.loader.install import install
+from nojit.loader.manifest import KernelRecord
+
+C128A = "vllm.models.deepseek_v4.sparse_mla:BuildC128ATopkMetadataKernel.kernel"
+
+
+@pytest.fixture
+def installed(small_build):
+    insts = []
+
+    def _install(path=None, **kw):
+        inst = install(path or small_build["bundle"], **kw)
+        insts.append(inst)
+        return inst
+
+    yield _install
+    for inst in insts:
+        inst.uninstall()
+
+
+def c128a_args(block_table_dtype=torch.int32, unaligned=False):
+    i32 = lambda n=64: torch.zeros(n, dtype=torch.int32)
+    bt = torch.zeros(65, dtype=block_table_dtype)
+    return dict(
+        global_decode_ptr=i32(), global_decode_stride=1, decode_lens_ptr=i32(), prefill_local_ptr=i32(),
+        prefill_local_stride=1, positions_ptr=torch.zeros(64, dtype=torch.int64), compress_ratio=128,
+        max_compressed_tokens=8192, num_decode_tokens=0, token_to_req_indices_ptr=i32(),
+        block_table_ptr=bt[1:] if unaligned else bt[:64], block_table_stride=1, block_size=2,
+        slot_mapping_ptr=torch.zeros(64, dtype=torch.int64), BLOCK_SIZE=1024,
+    )
+
+
+def kernel():
+    import vllm.models.deepseek_v4.sparse_mla as m
+
+    return m.BuildC128ATopkMetadataKernel.kernel
+
+
+@needs_vllm
+def test_bundled_key_goes_straight_to_the_launcher(installed):
+    inst = installed(mode="strict")
+    assert C128A in inst.triton and kernel().run == inst.triton[C128A].run
+    with pytest.raises(LaunchError, match="libcuda.so.1|NVIDIA driver") as info:
+        kernel()[(4,)](**c128a_args())
+    assert "fix:" in str(info.value)
+    assert guards.compile_attempts == []
+
+
+@needs_vllm
+def test_warmup_of_a_bundled_key_returns_without_compiling(installed):
+    inst = installed(mode="strict")
+    variant = kernel().warmup(grid=(1,), **c128a_args())
+    assert variant is inst.triton[C128A].exact[next(iter(inst.triton[C128A].exact))]
+
+
+@needs_vllm
+def test_unaligned_pointer_falls_back_to_the_generic_entry(installed):
+    inst = installed(mode="strict")
+    with pytest.raises(LaunchError):
+        kernel()[(4,)](**c128a_args(unaligned=True))
+    assert inst.policy.summary() == {"generic": 1}
+
+
+@needs_vllm
+def test_strict_miss_names_kernel_key_and_fix(installed):
+    installed(mode="strict")
+    with pytest.raises(KernelNotInBundleError) as info:
+        kernel()[(4,)](**c128a_args(block_table_dtype=torch.int64))
+    msg = str(info.value)
+    assert C128A in msg and "*i64" in msg and "NOJIT_MODE=record" in msg and "nojit build --add-keys" in msg
+
+
+@needs_vllm
+def test_permissive_miss_warns_once_and_uses_the_jit(installed, caplog, monkeypatch):
+    inst = installed(mode="permissive")
+    calls = []
+    server = inst.triton[C128A]
+    monkeypatch.setattr(server, "_jit_run", lambda fn, *a, **kw: calls.append(kw["grid"]) or "jit")
+    with caplog.at_level(logging.WARNING, logger="nojit"):
+        assert kernel()[(4,)](**c128a_args(block_table_dtype=torch.int64)) == "jit"
+        assert kernel()[(5,)](**c128a_args(block_table_dtype=torch.int64)) == "jit"
+    assert calls == [(4,), (5,)]
+    warnings = [r for r in caplog.records if "compiling it with the JIT" in r.getMessage()]
+    assert len(warnings) == 1 and C128A in warnings[0].getMessage()
+
+
+@needs_vllm
+def test_record_mode_appends_each_distinct_key_once(installed, tmp_path, monkeypatch):
+    record = tmp_path / "keys.jsonl"
+    inst = installed(mode="record", record_file=str(record))
+    monkeypatch.setattr(inst.triton[C128A], "_jit_run", lambda *a, **kw: None)
+    for _ in range(3):
+        kernel().warmup(grid=(1,), **c128a_args())  # exact hit, recorded once
+        kernel()[(4,)](**c128a_args(block_table_dtype=torch.int64))  # miss, recorded once
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert sorted(r["outcome"] for r in lines) == ["exact", "miss"]
+    assert all(r["kernel"] == C128A and r["key"]["spec"] for r in lines)
+
+
+@needs_vllm
+def test_strict_mode_forbids_every_compile_path(installed):
+    installed(mode="strict")
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    with pytest.raises(CompileForbiddenError, match="triton.compile"):
+        triton.compile(None)
+    with pytest.raises(CompileForbiddenError, match="about to compile"):
+        JITFunction._do_compile(kernel(), "some-key", {}, 0, {}, None, {}, False)
+    with pytest.raises(CompileForbiddenError, match=r"compiler process \(gcc\)"):
+        subprocess.run(["gcc", "--version"], capture_output=True)
+    with pytest.raises(CompileForbiddenError, match=r"compiler process \(ptxas\)"):
+        subprocess.Popen(["/usr/local/cuda/bin/ptxas", "--version"])
+    subprocess.run(["true"], check=True)  # other programs still run
+
+
+@needs_vllm
+def test_guards_are_lifted_on_uninstall(installed):
+    inst = installed(mode="strict")
+    inst.uninstall()
+    assert subprocess.run(["gcc", "--version"], capture_output=True).returncode == 0
+
+
+def _rewrite(src: str, dst: str, producer=None, kernel_hash=None) -> str:
+    b = Bundle.open(src)
+    m = b.manifest
+    kernels = [KernelRecord(k.id, k.runtime, kernel_hash if (kernel_hash and k.id == C128A) else k.source_hash,
+                            k.params, k.info) for k in m.kernels.values()]
+    cubins = {sha: b.read_blob(sha) for sha in m.blobs}
+    write_bundle(dst, producer or m.producer, m.target, m.deployment, kernels, m.entries, cubins)
+    return dst
+
+
+@needs_vllm
+def test_other_triton_version_is_refused_with_the_difference(installed, small_build, tmp_path):
+    from dataclasses import replace
+
+    m = Bundle.open(small_build["bundle"]).manifest
+    path = _rewrite(small_build["bundle"], str(tmp_path / "old.nojit"), producer=replace(m.producer, triton="3.6.0"))
+    with pytest.raises(BundleMismatchError) as info:
+        installed(path, mode="strict")
+    msg = str(info.value)
+    assert "triton: bundle built with 3.6.0, this process has 3.8.0" in msg and "NOJIT_ALLOW_MISMATCH=triton" in msg
+    inst = installed(path, mode="strict", allow_mismatch=frozenset({"triton"}))
+    assert inst.allowed_differences == ["triton: bundle built with 3.6.0, this process has 3.8.0"]
+
+
+@needs_vllm
+def test_stale_kernel_source_is_refused(installed, small_build, tmp_path):
+    path = _rewrite(small_build["bundle"], str(tmp_path / "stale.nojit"), kernel_hash="0" * 64)
+    with pytest.raises(BundleMismatchError, match="BuildC128ATopkMetadataKernel.kernel: its source changed"):
+        installed(path, mode="strict")
+
+
+@needs_vllm
+def test_unknown_kernel_module_is_a_mismatch(installed, small_build, tmp_path):
+    b = Bundle.open(small_build["bundle"])
+    m = b.manifest
+    kernels = list(m.kernels.values()) + [KernelRecord("vllm.no_such_module:kernel", "triton", "0" * 64, ())]
+    path = str(tmp_path / "extra.nojit")
+    write_bundle(path, m.producer, m.target, m.deployment, kernels, m.entries, {s: b.read_blob(s) for s in m.blobs})
+    with pytest.raises(BundleMismatchError, match="vllm.no_such_module cannot be imported"):
+        installed(path, mode="strict")
