@@ -119,7 +119,8 @@ def plan_deployment(opts: BuildOptions) -> Plan:
 
 
 def _plan_triton(plan: Plan, d: Deployment, groups: set[str] | None, kernels: list[str] | None) -> None:
-    from nojit.aot.triton_enumerate import dedupe, enumerate_owner, kernel_info
+    from nojit.aot.triton_derived import select_derived
+    from nojit.aot.triton_enumerate import dedupe, enumerate_derived, enumerate_owner, jit_function_of, kernel_info
     from nojit.aot.triton_kernels import select_owners
     from nojit.aot.triton_offline import install_offline_driver
     from nojit.aot.kernel_sources import resolve_kernel
@@ -127,19 +128,21 @@ def _plan_triton(plan: Plan, d: Deployment, groups: set[str] | None, kernels: li
 
     install_offline_driver()
     vllm_config = make_vllm_config(d)
-    for row in select_owners(groups):
-        if kernels and not any(s in row.kernel for s in kernels):
-            continue
-        requests = dedupe(enumerate_owner(row, d, vllm_config))
-        for r in requests:
+    def add(requests: list, owner: str | None, site: str) -> None:
+        for r in dedupe(requests):
             if r.kernel not in plan.kernels:
-                from nojit.aot.triton_enumerate import jit_function_of
-
                 fn = jit_function_of(resolve_kernel(r.kernel, None))
-                info = kernel_info(fn, row if r.kernel == row.kernel else None)
+                info = kernel_info(fn, owner, site)
                 plan.kernels[r.kernel] = {"runtime": "triton", "source_hash": info.source_hash,
                                           "params": list(info.params), "info": info.info}
             plan.add(r.kernel, key_to_json(r.key), "exact", r.origin, r.sample)
+
+    for row in select_owners(groups):
+        if not kernels or any(s in row.kernel for s in kernels):
+            add(enumerate_owner(row, d, vllm_config), row.owner, row.site)
+    for derived in select_derived(groups):
+        if not kernels or any(s in derived.kernel for s in kernels):
+            add(enumerate_derived(derived, d), None, derived.site)
 
 
 def add_recorded_keys(plan: Plan, paths: list[str]) -> int:
@@ -169,7 +172,15 @@ def add_recorded_keys(plan: Plan, paths: list[str]) -> int:
             if rec.get("source_hash") not in (None, plan.kernels[kernel]["source_hash"]):
                 raise BuildError(f"{path}:{n}: key of {kernel} was recorded against other kernel source",
                                  fix="record again with the vLLM this bundle is built from")
-            added += plan.add(kernel, key, "exact", f"recorded:{os.path.basename(path)}")
+            origin = f"recorded:{os.path.basename(path)}"
+            if plan.kernels[kernel]["runtime"] == "tilelang":
+                from nojit.aot.tilelang_plan import recorded_request
+
+                if plan.add(kernel, key, "exact", origin):
+                    plan.requests[-1]["extra"] = recorded_request(kernel, key)
+                    added += 1
+            else:
+                added += plan.add(kernel, key, "exact", origin)
     return added
 
 
@@ -191,12 +202,17 @@ def add_generic_variants(plan: Plan) -> int:
 _worker_state: dict[str, Any] = {}
 
 
-def _worker_init(facts: dict[str, Any] | None, cache_dir: str, source_map_path: str | None) -> None:
+def _worker_init(facts: dict[str, Any] | None, cache_dir: str, source_map_path: str | None, tilelang: bool) -> None:
     os.environ["TRITON_CACHE_DIR"] = os.path.join(cache_dir, "triton")
+    os.environ["TILELANG_PRINT_ON_COMPILATION"] = "0"  # the build prints its own progress
     if facts is not None:
         from nojit.aot.vllm_env import PlatformFacts, install_deployment_platform
 
         install_deployment_platform(PlatformFacts(**{**facts, "capability": tuple(facts["capability"])}))
+        if tilelang:  # vLLM's mHC module must see the deployment platform before any Triton module loads
+            from nojit.aot.tilelang_enumerate import kernel_module
+
+            kernel_module()
     from nojit.aot.kernel_sources import load_source_map
     from nojit.aot.triton_offline import install_offline_driver
 
@@ -242,8 +258,9 @@ def compile_plan(plan: Plan, opts: BuildOptions) -> list[dict[str, Any]]:
     jobs = max(1, min(opts.jobs, len(todo) or 1))
     # Slow TileLang variants first so they do not end up alone at the tail.
     order = sorted(todo, key=lambda ir: 0 if plan.kernels[ir[1]["kernel"]]["runtime"] == "tilelang" else 1)
+    has_tilelang = any(k["runtime"] == "tilelang" for k in plan.kernels.values())
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
-                             initargs=(facts, opts.cache_dir, opts.kernel_sources)) as pool:
+                             initargs=(facts, opts.cache_dir, opts.kernel_sources, has_tilelang)) as pool:
         futures = [
             pool.submit(_compile_task, i, r["kernel"], plan.kernels[r["kernel"]]["runtime"], r["key"], r.get("extra", {}))
             for i, r in order
@@ -297,6 +314,7 @@ def assemble(plan: Plan, results: list[dict[str, Any]], opts: BuildOptions) -> M
         launch = TritonLaunch.from_json(fields) if runtime == "triton" else TileLangLaunch.from_json(fields)
         entries.append(Entry(kernel, r["key"], r["variant"], res["sha"], launch, r["origin"]))
         tools.update(res.get("tool", {}))
+        plan.kernels[kernel]["info"].update(res.get("kernel_info", {}))
         prev = source_hash.setdefault(kernel, res["source_hash"])
         if prev != res["source_hash"]:
             raise BuildError(f"{kernel}: workers saw different kernel sources", fix="rebuild in a clean environment")

@@ -83,7 +83,9 @@ class TileLangVariant:
     ``key`` is the exact ``JITImpl._kernel_cache`` key, ``(phase1, phase2)``: phase 1 is every
     non-tensor parameter of the kernel function in signature order with defaults filled in.
     ``compile_kwargs`` are those same parameters by name, for ``jit_impl.compile(**kwargs)``.
-    ``call_args``/``call_kwargs`` name the parameters vLLM passed positionally / by keyword.
+    ``call_args``/``call_kwargs`` name the parameters vLLM passed positionally / by keyword;
+    ``defaults`` are the signature defaults of the non-tensor parameters, which fill the key when a
+    call omits them (so a loader can key a call with neither TileLang nor introspection).
     """
 
     kernel: str
@@ -93,6 +95,7 @@ class TileLangVariant:
     compile_key: tuple[tuple[str, Any], ...]
     call_args: tuple[str, ...]
     call_kwargs: tuple[str, ...]
+    defaults: tuple[tuple[str, Any], ...] = ()
 
     @property
     def phase1_key(self) -> tuple[Any, ...]:
@@ -256,7 +259,8 @@ def _variant(rec: _Recorded) -> TileLangVariant:
     kw_key, _ = jit_impl.func.parse_args(**compile_kwargs)
     if kw_key != key:
         raise BuildError(f"compile(**kwargs) keys as {kw_key!r}, vLLM's call as {key!r}")
-    names = list(jit_impl.signature.parameters)
+    params = jit_impl.signature.parameters
+    names = list(params)
     return TileLangVariant(
         kernel=kernel_identity(jit_impl),
         key=key,
@@ -265,6 +269,8 @@ def _variant(rec: _Recorded) -> TileLangVariant:
         compile_key=tuple((f.name, getattr(rec.compile_key, f.name)) for f in fields(rec.compile_key)),
         call_args=tuple(names[: len(rec.args)]),
         call_kwargs=tuple(rec.kwargs),
+        defaults=tuple((n, p.default) for n, p in params.items()
+                       if n not in jit_impl.func.tensor_args and p.default is not p.empty),
     )
 
 

@@ -158,17 +158,34 @@ def _request(fn: Any, args: tuple, kwargs: dict, origin: str) -> TritonRequest:
     return TritonRequest(kernel_id(fn), key, origin, sample)
 
 
-def kernel_info(fn: Any, owner_row: TritonOwner | None) -> TritonKernelInfo:
+def kernel_info(fn: Any, owner: str | None, site: str) -> TritonKernelInfo:
     info: dict[str, Any] = {
         "constexpr": [p.num for p in fn.params if p.is_constexpr],
         "do_not_specialize": [p.num for p in fn.params if p.do_not_specialize],
         "do_not_specialize_on_alignment": [p.num for p in fn.params if p.do_not_specialize_on_alignment],
         "file": inspect.getsourcefile(fn.fn) or "",
+        "site": site,
     }
-    if owner_row is not None:
-        info["owner"] = owner_row.owner
-        info["site"] = owner_row.site
+    if owner is not None:
+        info["owner"] = owner
     return TritonKernelInfo(kernel_id(fn), fn.cache_key, tuple(p.name for p in fn.params), info)
+
+
+def enumerate_derived(derived: Any, deployment: Deployment) -> list[TritonRequest]:
+    """Keys of a kernel nojit derives from its call site (see triton_derived)."""
+    from nojit.aot.kernel_sources import resolve_kernel
+
+    fn = jit_function_of(resolve_kernel(derived.kernel, None))
+    if fn is None:
+        raise BuildError(f"{derived.kernel} is not a Triton JITFunction", fix="fix the row in aot/triton_derived.py")
+    out = []
+    for kwargs in derived.calls(deployment):
+        try:
+            out.append(_request(fn, (), dict(kwargs), f"derived:{derived.site}"))
+        except (TypeError, OverflowError) as exc:
+            raise BuildError(f"derived call of {derived.kernel} does not bind: {exc}",
+                             fix="fix the row in aot/triton_derived.py") from None
+    return out
 
 
 def jit_function_of(obj: Any) -> Any:

@@ -24,37 +24,16 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from nojit.loader.key_values import UnsupportedArgument, tag
+
 SpecItem = tuple[Any, Any]
 Key = tuple[tuple[SpecItem, ...], tuple[tuple[str, Any], ...]]
 
-
-class UnsupportedArgument(Exception):
-    """An argument kind the bundle cannot serve (tuples, tensor descriptors, exotic constexprs)."""
 
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _UINT64_MAX = (1 << 64) - 1
-_PLAIN_TYPES = {int: "int", bool: "bool", float: "float", str: "str", type(None): "NoneType"}
-
-
-def tag(value: Any) -> tuple[str, Any]:
-    """A constexpr or option value with its type, hashable and JSON-representable."""
-    name = _PLAIN_TYPES.get(value.__class__)
-    if name is not None:
-        return (name, value)
-    cls = value.__class__.__name__
-    if cls == "dtype":  # triton.language.dtype
-        return ("dtype", str(value))
-    if cls == "constexpr":  # triton.language.constexpr wrapping a plain value
-        return tag(value.value)
-    if cls == "JITFunction":
-        return ("jit", value.cache_key)
-    if isinstance(value, tuple):
-        return ("tuple", tuple(tag(v) for v in value))
-    raise UnsupportedArgument(f"constexpr value of type {type(value).__name__} ({value!r})")
-
-
 _ONE = ("constexpr", ("int", 1))
 _NONE = ("constexpr", ("NoneType", None))
 _U1 = ("u1", None)

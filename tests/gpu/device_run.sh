@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks on the device machine, from the repository root, with .whl and .device carried.
 #   bash tests/gpu/device_run.sh triton    # Triton slice: build with the local Triton, check, benchmark
+#   bash tests/gpu/device_run.sh tilelang  # TileLang (mHC): .device/tilelang.nojit vs float64 references
 # Installs the carried wheels (nojit abi3 + cffi/pycparser/zstandard for this Python) into /tmp/site.
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
@@ -17,6 +18,10 @@ for step in "$@"; do
       python3 tests/gpu/check_triton.py --bundle /tmp/w/triton.nojit --sources .device/kernels/map.json \
         --parallel 8 --json "$OUT/check_triton.json" 2>&1 | tee "$OUT/check_triton.txt"
       python3 bench/bench_dispatch.py --bundle /tmp/w/triton.nojit --sources .device/kernels/map.json 2>&1 | tee "$OUT/bench_dispatch.txt"
+      ;;
+    tilelang)
+      python3 tests/gpu/check_tilelang.py --bundle .device/tilelang.nojit --vllm-src .device/vllm_src \
+        --json "$OUT/check_tilelang.json" 2>&1 | tee "$OUT/check_tilelang.txt"
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

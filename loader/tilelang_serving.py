@@ -1,0 +1,346 @@
+"""Serving vLLM's TileLang (mHC) kernels from the bundle, with TileLang absent from the process.
+
+vLLM's mHC module gets its decorator from `vllm.tilelang_utils` (`tilelang_jit`), which
+imports TileLang eagerly. Before that module is imported, the loader puts its own
+`vllm.tilelang_utils` in its place: `tilelang_jit(fn)` returns a bundle server for fn, with
+the two methods vLLM uses (`__call__` at run time, `compile` from its warmup) plus
+`par_compile`. Calls are keyed by TileLang's phase-1 rule (tilelang_key), launched from the
+captured launch plan through the C launcher with PDL where the kernel has it. If vLLM
+already imported the real module, the kernel functions are replaced in its namespace.
+
+vLLM routes mHC to TileLang only if `find_spec("tilelang")` succeeds; when TileLang is
+not installed, a placeholder spec answers that question (importing it still fails, with a
+message saying why), so vLLM takes the same path it would with TileLang installed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import sys
+import types
+from typing import Any
+
+from nojit.loader.bundle_file import Bundle
+from nojit.loader.cuda_launch import launcher
+from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError, LaunchError, NoJitError
+from nojit.loader.launch_expr import evaluate
+from nojit.loader.manifest import Entry, KernelRecord, TileLangLaunch
+from nojit.loader.policy import ServingPolicy
+from nojit.loader.settings import Mode
+from nojit.loader.tilelang_key import MISSING, key_from_json, key_text, key_to_json, make_binder, source_hash
+from nojit.loader.torch_cuda import current_device, current_stream
+from nojit.loader.versions import check_source
+
+log = logging.getLogger("nojit")
+
+MHC_MODULE = "vllm.model_executor.kernels.mhc.tilelang_kernels"
+UTILS_MODULE = "vllm.tilelang_utils"
+_ERRLEN = 512
+_CTYPE_CODE = {"int32": "i", "int64": "l"}
+
+
+class TileLangVariant:
+    """One bundled cubin and its launch plan, prepared for cheap launches."""
+
+    def __init__(self, entry: Entry, bundle: Bundle, tensor_order: tuple[str, ...]) -> None:
+        launch = entry.launch
+        assert isinstance(launch, TileLangLaunch)
+        self.entry = entry
+        self.launch = launch
+        self._bundle = bundle
+        index = {name: i for i, name in enumerate(tensor_order)}
+        missing = [p["name"] for p in launch.params if p["kind"] == "tensor" and p["name"] not in index]
+        if missing:
+            raise BundleMismatchError(f"{entry.kernel}: launch plan uses tensors {missing} the kernel does not take",
+                                      fix="rebuild the bundle against the installed vLLM")
+        self._vars = tuple((name, index[src["param"]], int(src["dim"])) for name, src in launch.dynamic_vars.items())
+        self._params = tuple((0, index[p["name"]]) if p["kind"] == "tensor" else (1, p["name"]) for p in launch.params)
+        self._types = "".join("p" if p["kind"] == "tensor" else _CTYPE_CODE[p["ctype"]] for p in launch.params).encode()
+        simple = lambda e: isinstance(e, int) or "var" in e  # noqa: E731
+        self._simple_geometry = all(simple(e) for e in (*launch.grid, *launch.block))
+        import torch
+
+        self._checks = tuple(
+            (index[t["name"]], getattr(torch, t["dtype"]), len(t["shape"])) for t in launch.tensor_params
+            if t["name"] in index
+        )
+        self._functions: dict[int, int] = {}
+        lch = launcher()
+        self._c_launch = lch.c_launch
+        self._err = lch.new_error_buffer()
+
+    def load(self, device: int) -> int:
+        f = self._functions.get(device)
+        if f is None:
+            loaded = launcher().function(device, self.entry.blob, lambda: self._bundle.read_blob(self.entry.blob),
+                                         self.launch.symbol, self.launch.dynamic_smem)
+            f = self._functions[device] = loaded.function
+        return f
+
+    def _dims(self, exprs: tuple, values: dict[str, int]) -> tuple[int, int, int]:
+        if self._simple_geometry:
+            return tuple(e if isinstance(e, int) else values[e["var"]] for e in exprs)  # type: ignore[return-value]
+        return tuple(evaluate(e, values) for e in exprs)  # type: ignore[return-value]
+
+    def check(self, tensors: tuple[Any, ...]) -> None:
+        """TileLang's host-side checks that matter for memory safety: dtype, rank, contiguity."""
+        for i, dtype, ndim in self._checks:
+            t = tensors[i]
+            if t is MISSING:
+                raise TypeError(f"{self.entry.kernel}: tensor argument {i} is missing")
+            if t.dtype is not dtype or t.dim() != ndim or not t.is_contiguous():
+                raise TypeError(f"{self.entry.kernel}: tensor argument {i} is {t.dtype} {tuple(t.shape)} "
+                                f"(contiguous={t.is_contiguous()}), the kernel takes a contiguous {ndim}-d {dtype}")
+
+    def __call__(self, tensors: tuple[Any, ...]) -> None:
+        self.check(tensors)
+        values = {name: tensors[i].shape[dim] for name, i, dim in self._vars}
+        grid = self._dims(self.launch.grid, values)
+        if not (grid[0] and grid[1] and grid[2]):
+            return
+        block = self._dims(self.launch.block, values)
+        try:
+            device = current_device()
+        except RuntimeError as exc:
+            raise LaunchError(f"cannot launch {self.entry.kernel}: {exc}",
+                              fix="run on a machine with an NVIDIA GPU and driver (libcuda.so.1)") from None
+        function = self._functions.get(device) or self.load(device)
+        args = [tensors[v].data_ptr() if kind == 0 else values[v] for kind, v in self._params]
+        cluster = self.launch.cluster_dims or (1, 1, 1)
+        rc = self._c_launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], self.launch.dynamic_smem,
+                            current_stream(device), self._types, args, len(args), cluster[0], cluster[1], cluster[2],
+                            int(self.launch.pdl), int(self.launch.cooperative), self._err, _ERRLEN)
+        if rc:
+            raise launcher().error(self._err, f"launching {self.entry.kernel}", rc)
+
+
+class TileLangKernelServer:
+    """Stands where vLLM expects a TileLang JITImpl: `__call__`, `compile`, `par_compile`."""
+
+    def __init__(self, fn: Any, record: KernelRecord, entries: list[Entry], bundle: Bundle, policy: ServingPolicy,
+                 allow: frozenset[str]) -> None:
+        self.fn = fn
+        self.record = record
+        self.policy = policy
+        self.bundle = bundle
+        self._allow = allow
+        self._source_checked = False
+        tensor_names = {t["name"] for t in entries[0].launch.tensor_params} if entries else set()
+        self._bind, self.tensor_names, self.scalar_names = make_binder(fn, tensor_names)
+        self.variants: dict[tuple[Any, ...], TileLangVariant] = {}
+        for e in entries:
+            self.variants[key_from_json(e.key)] = TileLangVariant(e, bundle, self.tensor_names)
+        self.__name__ = getattr(fn, "__name__", "kernel")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
+        self.__wrapped__ = fn
+
+    def _verify_source(self) -> None:
+        # At first use, not at decoration: helpers defined later in vLLM's module must exist.
+        if not check_source(self.record.id, self.record.source_hash, source_hash(self.fn), self.bundle.path, self._allow):
+            log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)",
+                        self.record.id)
+        self._source_checked = True
+
+    def _lookup(self, args: tuple, kwargs: dict) -> tuple[tuple[Any, ...], TileLangVariant | None, tuple[Any, ...]]:
+        if not self._source_checked:
+            self._verify_source()
+        tensors, key = self._bind(*args, **kwargs)
+        if any(v is MISSING for v in key):
+            missing = [n for n, v in zip(self.scalar_names, key) if v is MISSING]
+            raise TypeError(f"{self.record.id}() missing required arguments {missing}")
+        try:
+            return tensors, self.variants.get(key), key
+        except TypeError:  # an unhashable argument: TileLang freezes lists/dicts; vLLM passes none
+            return tensors, None, key
+
+    def _miss(self, key: tuple[Any, ...]) -> Any:
+        key_json = key_to_json(self.scalar_names, key)
+        self.policy.miss(self.record.id, "tilelang", key_json, key_text(self.scalar_names, key), self.record.source_hash)
+        return _real_tilelang_jit(self.fn, self.record.id)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        tensors, variant, key = self._lookup(args, kwargs)
+        if variant is None:
+            return self._miss(key)(*args, **kwargs)
+        if self.policy.recording:
+            self.policy.served(self.record.id, "tilelang", key_to_json(self.scalar_names, key), "exact",
+                               self.record.source_hash)
+        variant(tensors)
+        return None
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's warmup path: resolve the variant now (load nothing, compile nothing)."""
+        _tensors, variant, key = self._lookup(args, kwargs)
+        if variant is None:
+            return self._miss(key).compile(*args, **kwargs)
+        return variant
+
+    def par_compile(self, configs: Any, num_workers: int | None = None, **_ignored: Any) -> list[Any]:
+        return [self.compile(**dict(c)) for c in configs]
+
+    def preload(self, device: int) -> int:
+        for v in self.variants.values():
+            v.load(device)
+        return len(self.variants)
+
+
+def _real_tilelang_jit(fn: Any, kernel_id: str) -> Any:
+    """The JIT fallback for a permissive miss: real TileLang, if this process has it."""
+    try:
+        import tilelang  # noqa: F401
+    except ImportError as exc:
+        raise NoJitError(
+            f"{kernel_id}: the bundle lacks this key and TileLang is not available to compile it ({exc})",
+            fix="add the key to the bundle (NOJIT_MODE=record, then `nojit build --add-keys`), or install tilelang",
+        ) from None
+    sys.modules.pop(UTILS_MODULE, None)
+    real = importlib.import_module(UTILS_MODULE)
+    return real.tilelang_jit(fn)
+
+
+class _Unavailable(types.ModuleType):
+    """Stands for `tilelang` / `tilelang.language` inside vLLM's mHC module: never used there at run time."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NoJitError(f"{self.__name__}.{name} is not available: nojit serves vLLM's TileLang kernels from its "
+                         "bundle and TileLang is not loaded in this process",
+                         fix="use NOJIT_MODE=permissive with tilelang installed to JIT-compile TileLang kernels")
+
+
+class _PlaceholderSpecFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes find_spec('tilelang') succeed when TileLang is not installed; importing it still fails."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name == "tilelang":
+            return importlib.machinery.ModuleSpec(name, self)
+        return None
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        raise ImportError("tilelang is not installed; nojit serves vLLM's TileLang kernels from its bundle")
+
+
+class _State:
+    def __init__(self) -> None:
+        self.bundle: Bundle | None = None
+        self.ids: set[str] = set()
+        self.policy: ServingPolicy | None = None
+        self.allow: frozenset[str] = frozenset()
+        self.servers: dict[str, TileLangKernelServer] = {}
+        self.saved_utils: Any = None
+        self.finder: _PlaceholderSpecFinder | None = None
+
+
+_state = _State()
+
+
+def _server_for(fn: Any, kernel_id: str) -> TileLangKernelServer:
+    assert _state.bundle is not None and _state.policy is not None
+    server = TileLangKernelServer(fn, _state.bundle.manifest.kernels[kernel_id], _state.bundle.entries(kernel_id),
+                                  _state.bundle, _state.policy, _state.allow)
+    _state.servers[kernel_id] = server
+    return server
+
+
+class _UnbundledKernel:
+    """A TileLang kernel the bundle does not hold: every use is a miss (strict mode raises)."""
+
+    def __init__(self, fn: Any, kernel_id: str) -> None:
+        self.fn, self.kernel_id = fn, kernel_id
+
+    def _refuse(self) -> Any:
+        assert _state.policy is not None
+        if _state.policy.mode is Mode.STRICT:
+            raise KernelNotInBundleError(self.kernel_id, "(any)", _state.bundle.path if _state.bundle else "?",
+                                         fix="build the bundle with this kernel (nojit build), or use NOJIT_MODE=permissive")
+        return _real_tilelang_jit(self.fn, self.kernel_id)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._refuse()(*args, **kwargs)
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        return self._refuse().compile(*args, **kwargs)
+
+    def par_compile(self, *args: Any, **kwargs: Any) -> Any:
+        return self._refuse().par_compile(*args, **kwargs)
+
+
+def tilelang_jit(fn: Any) -> Any:
+    """nojit's replacement for `vllm.tilelang_utils.tilelang_jit`."""
+    kernel_id = f"{fn.__module__}:{fn.__qualname__}"
+    if kernel_id in _state.ids:
+        return _server_for(fn, kernel_id)
+    return _UnbundledKernel(fn, kernel_id)
+
+
+def _stub_utils_module() -> types.ModuleType:
+    stub = types.ModuleType(UTILS_MODULE, "nojit: serves vLLM's TileLang kernels from the bundle (tilelang not loaded)")
+    stub.tilelang = _Unavailable("tilelang")
+    stub.T = _Unavailable("tilelang.language")
+    stub.tilelang_jit = tilelang_jit
+    stub.__nojit__ = True
+    return stub
+
+
+def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, resolver: Any,
+            allow: frozenset[str]) -> dict[str, TileLangKernelServer]:
+    """Route vLLM's TileLang kernels to the bundle. Returns the live servers dict (filled as vLLM decorates)."""
+    _state.bundle, _state.ids, _state.policy, _state.allow = bundle, set(kernel_ids), policy, allow
+    _state.servers = {}
+    mhc = sys.modules.get(MHC_MODULE)
+    if mhc is None:
+        _state.saved_utils = sys.modules.get(UTILS_MODULE)
+        sys.modules[UTILS_MODULE] = _stub_utils_module()
+        vllm_pkg = sys.modules.get("vllm")
+        if vllm_pkg is not None:
+            vllm_pkg.tilelang_utils = sys.modules[UTILS_MODULE]  # type: ignore[attr-defined]
+        try:
+            findable = importlib.util.find_spec("tilelang") is not None
+        except (ImportError, ValueError):
+            findable = False
+        if not findable:
+            _state.finder = _PlaceholderSpecFinder()
+            sys.meta_path.append(_state.finder)
+        layers = sys.modules.get("vllm.model_executor.layers.mhc")
+        if layers is not None and not getattr(layers, "HAS_TILELANG_MHC", True):
+            log.warning("nojit: vLLM already decided that TileLang mHC is unavailable; install nojit earlier "
+                        "(before vLLM imports its models) so the bundled mHC kernels are used")
+        return _state.servers
+    # vLLM's mHC module is already loaded with real TileLang: replace its kernel objects.
+    for kid in kernel_ids:
+        module_name, _, name = kid.partition(":")
+        if module_name != MHC_MODULE or "." in name or not hasattr(mhc, name):
+            raise BundleMismatchError(f"TileLang kernel {kid} is not in {MHC_MODULE}",
+                                      fix="rebuild the bundle against the installed vLLM")
+        jit_impl = getattr(mhc, name)
+        fn = getattr(getattr(jit_impl, "func", None), "orig_func", None) or getattr(jit_impl, "__wrapped__", None)
+        if fn is None:
+            raise BundleMismatchError(f"cannot find the Python function behind {kid}", fix="report this to nojit")
+        server = _server_for(fn, kid)
+        server._original = jit_impl  # type: ignore[attr-defined]
+        setattr(mhc, name, server)
+    return _state.servers
+
+
+def uninstall(servers: dict[str, TileLangKernelServer]) -> None:
+    mhc = sys.modules.get(MHC_MODULE)
+    for kid, server in servers.items():
+        original = getattr(server, "_original", None)
+        if mhc is not None and original is not None:
+            setattr(mhc, kid.partition(":")[2], original)
+    utils = sys.modules.get(UTILS_MODULE)
+    if utils is not None and getattr(utils, "__nojit__", False):
+        if _state.saved_utils is not None:
+            sys.modules[UTILS_MODULE] = _state.saved_utils
+        else:
+            sys.modules.pop(UTILS_MODULE, None)
+    if _state.finder is not None and _state.finder in sys.meta_path:
+        sys.meta_path.remove(_state.finder)
+    _state.__init__()  # type: ignore[misc]
