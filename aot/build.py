@@ -53,10 +53,9 @@ class Plan:
         return cls(obj["deployment"], obj.get("vllm"), obj["kernels"], obj["requests"])
 
     def write(self, path: str) -> None:
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        from nojit.aot.bundle_writer import write_text_atomically
+
+        write_text_atomically(path, json.dumps(self.to_json(), indent=1, sort_keys=True))
 
     def add(self, kernel: str, key: Any, variant: str, origin: str, sample: dict | None = None) -> bool:
         """Add a request unless the same (kernel, key, variant) is already planned."""
@@ -87,11 +86,12 @@ class BuildOptions:
     merge: list[str] = field(default_factory=list)
     generic: bool = False
     progress: bool = True
+    plan_only: bool = False  # stop after writing the plan (plan_out); nothing is compiled
 
 
 @dataclass
 class BuildResult:
-    manifest: Manifest
+    manifest: Manifest | None  # None with plan_only
     seconds: dict[str, float]
     plan: Plan
 
@@ -344,6 +344,10 @@ def build(opts: BuildOptions) -> BuildResult:
     t0 = time.perf_counter()
     if opts.plan_in:
         plan = Plan.read(opts.plan_in)
+        keep = {k for k, v in plan.kernels.items() if v["runtime"] in opts.runtimes
+                and (not opts.kernels or any(s in k for s in opts.kernels))}
+        plan.kernels = {k: v for k, v in plan.kernels.items() if k in keep}
+        plan.requests = [r for r in plan.requests if r["kernel"] in keep]
     else:
         plan = plan_deployment(opts)
     if opts.add_keys:
@@ -353,6 +357,8 @@ def build(opts: BuildOptions) -> BuildResult:
     seconds["plan"] = time.perf_counter() - t0
     if opts.plan_out:
         plan.write(opts.plan_out)
+    if opts.plan_only:
+        return BuildResult(None, seconds, plan)
     t1 = time.perf_counter()
     results = compile_plan(plan, opts) if plan.requests else []
     seconds["compile"] = time.perf_counter() - t1

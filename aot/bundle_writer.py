@@ -11,7 +11,6 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Iterable
-from dataclasses import replace
 
 import zstandard
 
@@ -103,6 +102,16 @@ def write_bundle(
     return manifest
 
 
-def retarget_entries(entries: Iterable[Entry], origin: str) -> list[Entry]:
-    """Entries with their origin label replaced (used when merging another bundle's entries)."""
-    return [replace(e, origin=origin) for e in entries]
+def write_text_atomically(path: str, text: str) -> None:
+    """Reports and plans: written whole or not at all, like bundles."""
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".nojit-", suffix=".partial", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

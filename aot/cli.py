@@ -39,10 +39,18 @@ def _build(args: argparse.Namespace) -> int:
         merge=args.merge or [],
         generic=args.generic,
         progress=not args.quiet,
+        plan_only=args.plan_only,
     )
     if args.cache_dir:
         opts.cache_dir = args.cache_dir
+    if args.plan_only and not args.emit_plan:
+        print("nojit: error: --plan-only needs --emit-plan FILE", file=sys.stderr)
+        return 2
     result = build(opts)
+    if args.plan_only:
+        print(f"plan: {len(result.plan.requests)} requests of {len(result.plan.kernels)} kernels -> {args.emit_plan} "
+              f"({result.seconds['plan']:.1f}s)")
+        return 0
     print(summary(Bundle.open(output)))
     s = result.seconds
     print(f"\nbuild time: plan {s['plan']:.1f}s, compile {s['compile']:.1f}s ({opts.jobs} jobs), "
@@ -67,6 +75,31 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _coverage(args: argparse.Namespace) -> int:
+    from nojit.aot import coverage
+    from nojit.aot.build import BuildOptions, Plan, add_recorded_keys, plan_deployment
+    from nojit.aot.deployment import DEFAULT_DEPLOYMENT, load_deployment
+    from nojit.loader.bundle_file import Bundle
+
+    bundle = Bundle.open(args.bundle)
+    if args.plan:
+        plan = Plan.read(args.plan)
+    else:
+        deployment = load_deployment(args.deployment or DEFAULT_DEPLOYMENT)
+        plan = plan_deployment(BuildOptions(output="", deployment=deployment))
+    if args.add_keys:
+        add_recorded_keys(plan, args.add_keys)
+    rows = coverage.compute(plan, bundle)
+    print(coverage.render_table(rows))
+    if args.html:
+        from nojit.aot.bundle_writer import write_text_atomically
+
+        write_text_atomically(args.html, coverage.render_html(rows, bundle, plan.deployment))
+        print(f"\nHTML report: {args.html}")
+    total = coverage.totals(rows)
+    return 0 if args.fail_under is None or total["percent"] >= args.fail_under else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nojit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("-j", "--jobs", type=int, default=max(1, os.cpu_count() or 1), help="compile workers")
     b.add_argument("--add-keys", action="append", metavar="FILE", help="merge keys recorded with NOJIT_MODE=record")
     b.add_argument("--emit-plan", metavar="FILE", help="also write the compile plan as JSON")
+    b.add_argument("--plan-only", action="store_true", help="with --emit-plan: write the plan and stop (no compiling)")
     b.add_argument("--from-plan", metavar="FILE", help="compile a plan written by --emit-plan (no vLLM needed)")
     b.add_argument("--kernel-sources", metavar="FILE", help="with --from-plan: JSON map of kernel id to source file")
     b.add_argument("--merge", action="append", metavar="BUNDLE", help="take the entries of another bundle too")
@@ -96,6 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--verify", action="store_true", help="read every cubin and check its sha256")
     i.add_argument("--json", action="store_true", help="print the manifest as JSON")
     i.set_defaults(func=_inspect)
+
+    c = sub.add_parser("coverage", help="compare a bundle with a deployment's reachable keys")
+    c.add_argument("bundle")
+    c.add_argument("--deployment", help="deployment TOML (default: the built-in one); needs vLLM installed")
+    c.add_argument("--plan", help="a plan from `nojit build --emit-plan` instead of planning the deployment")
+    c.add_argument("--add-keys", action="append", metavar="FILE", help="count keys recorded with NOJIT_MODE=record")
+    c.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
+    c.add_argument("--fail-under", type=float, metavar="PERCENT", help="exit 1 if coverage is below PERCENT")
+    c.set_defaults(func=_coverage)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

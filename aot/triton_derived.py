@@ -41,8 +41,13 @@ class DerivedKernel:
     groups: tuple[str, ...] = ("dsv4",)
 
 
-DERIVED: tuple[DerivedKernel, ...] = ()
+def all_derived() -> tuple[DerivedKernel, ...]:
+    """Every derived row: DeepSeek-V4 model kernels and vLLM's model-runner kernels."""
+    from nojit.aot.triton_derived_dsv4 import DSV4_DERIVED
+    from nojit.aot.triton_derived_runner import RUNNER_DERIVED
+
+    return DSV4_DERIVED + RUNNER_DERIVED
 
 
 def select_derived(groups: set[str] | None) -> list[DerivedKernel]:
-    return [d for d in DERIVED if groups is None or groups & set(d.groups)]
+    return [d for d in all_derived() if groups is None or groups & set(d.groups)]
