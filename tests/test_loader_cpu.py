@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -181,3 +183,17 @@ def test_unknown_kernel_module_is_a_mismatch(installed, small_build, tmp_path):
     write_bundle(path, m.producer, m.target, m.deployment, kernels, m.entries, {s: b.read_blob(s) for s in m.blobs})
     with pytest.raises(BundleMismatchError, match="vllm.no_such_module cannot be imported"):
         installed(path, mode="strict")
+
+
+@needs_vllm
+def test_vllm_general_plugin_installs_the_bundle_in_each_process(small_build):
+    code = ("from vllm.plugins import load_general_plugins; load_general_plugins(); "
+            "from nojit.loader.install import current; c = current(); "
+            "print('installed', None if c is None else sorted(c.triton))")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("NOJIT_BUNDLE", None)
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert "installed None" in off.stdout, off.stderr[-2000:]
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        env={**env, "NOJIT_BUNDLE": small_build["bundle"], "NOJIT_MODE": "strict"})
+    assert C128A in on.stdout, on.stderr[-2000:]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,16 +37,35 @@ def _resolver(sources: str | None):
     return lambda kid: resolve_kernel(kid, smap)
 
 
-def _entries(bundle_path: str, kernel: str, variant: str):
+def _entries(bundle_path: str, kernel: str, variant: str, plan: str | None):
+    """(index, key, entry) to launch: the bundle's exact keys (from --plan's exact keys if given), or
+    for `perturbed` each distinct generic form of them (no alignment or divisibility, no ints equal to 1)."""
     from nojit.loader.bundle_file import Bundle
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.triton_key import generic_spec, key_from_json
 
     b = Bundle.open(bundle_path)
-    exact = [e for e in b.entries(kernel) if e.variant == "exact"]
-    return b, [(i, key_from_json(e.key), e) for i, e in enumerate(exact)]
+    rec = b.manifest.kernels[kernel]
+    if plan:
+        with open(plan) as f:
+            keys = [r["key"] for r in json.load(f)["requests"] if r["kernel"] == kernel and r["variant"] == "exact"]
+    else:
+        keys = [e.key for e in b.entries(kernel) if e.variant == "exact"]
+    by_key = {json.dumps(e.key, sort_keys=True): e for e in b.entries(kernel)}
+    out, seen = [], set()
+    runtime = tuple(i not in set(rec.info.get("constexpr", [])) for i in range(len(rec.params)))
+    for i, k in enumerate(keys):
+        key = key_from_json(k)
+        if variant == "perturbed":
+            key = (generic_spec(key[0], runtime), key[1])
+            if key in seen:
+                continue
+            seen.add(key)
+        out.append((i, key, by_key.get(json.dumps(k, sort_keys=True))))
+    return b, out
 
 
-def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: int, variant: str, out: str) -> None:
+def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: int, variant: str, out: str,
+          mode: str = "strict", record_file: str | None = None, plan: str | None = None, timing: bool = False) -> None:
     events: list[str] = []
     if role == "loader":
         os.environ["CUDA_DISABLE_PTX_JIT"] = "1"
@@ -64,14 +84,14 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
     from nojit.aot.triton_enumerate import jit_function_of
 
     fn = jit_function_of(resolve(kernel))
-    bundle, entries = _entries(bundle_path, kernel, variant)
+    bundle, entries = _entries(bundle_path, kernel, variant, plan)
     results = {}
     if role == "loader":
         from nojit.loader import guards
         from nojit.loader.install import install
 
-        inst = install(bundle_path, mode="strict", resolver=resolve, allow_mismatch=frozenset({"vllm"}),
-                       kernels={kernel})
+        inst = install(bundle_path, mode=mode, resolver=resolve, allow_mismatch=frozenset({"vllm"}),
+                       kernels={kernel}, record_file=record_file)
         server = inst.triton[kernel]
         if variant == "generic":
             server.exact.clear()  # every call must now be served by the kernel's universal entries
@@ -88,14 +108,16 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
                 gkey = (generic_spec(spec, server._runtime_param), options_key(options))
                 row["served"] = "generic" if gkey in server.generic else "missing"
             fn[GRID](**kwargs)
+            if timing and variant == "exact":
+                row["device_us"] = _time_exact_vs_generic(server, kwargs)
         else:
             compiled = fn[GRID](**kwargs)
             import hashlib
 
             row["jit_hash"] = compiled.hash
             row["jit_cubin"] = hashlib.sha256(compiled.asm["cubin"]).hexdigest()
-            row["bundle_hash"] = entry.launch.compile_hash
-            row["bundle_cubin"] = entry.blob
+            row["bundle_hash"] = entry.launch.compile_hash if entry else None
+            row["bundle_cubin"] = entry.blob if entry else None
             # Run the JIT a second time on fresh copies: a key whose result differs between two
             # JIT runs is nondeterministic on these inputs, and cannot be compared bit for bit.
             again_kwargs, again_buffers, _ = synthesize(fn, key, seed + i)
@@ -115,15 +137,44 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
         json.dump(summary, f)
 
 
+def _time_exact_vs_generic(server, kwargs: dict) -> dict:
+    """Device time per launch (CUDA events, 200 launches) of the exact entry and the generic one, same arguments."""
+    import torch
+
+    from nojit.loader.triton_key import generic_spec, options_key
+
+    bound, spec, options = server._binder(**kwargs)
+    okey = server.options_key(options)
+    variants = {"exact": server.exact.get((spec, okey)),
+                "generic": server.generic.get((generic_spec(spec, server._runtime_param), okey))}
+    out = {}
+    for name, v in variants.items():
+        if v is None:
+            continue
+        for _ in range(20):
+            v(bound, GRID)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(200):
+            v(bound, GRID)
+        end.record()
+        end.synchronize()
+        out[name] = start.elapsed_time(end) * 1000 / 200
+    return out
+
+
 def run_kernel(args: argparse.Namespace, kernel: str, seed: int, workdir: str) -> dict:
     outs = {}
     procs = {}
     for role in ("loader", "jit"):
         outs[role] = os.path.join(workdir, f"{abs(hash(kernel))}-{role}.json")
         cmd = [sys.executable, __file__, "--child", role, "--bundle", args.bundle, "--kernel", kernel, "--seed", str(seed),
-               "--variant", args.variant, "--out", outs[role]]
-        if args.sources:
-            cmd += ["--sources", args.sources]
+               "--variant", args.variant, "--out", outs[role], "--mode", args.mode]
+        for flag, value in (("--sources", args.sources), ("--record-file", args.record_file), ("--plan", args.plan)):
+            if value:
+                cmd += [flag, value]
+        if args.time:
+            cmd.append("--time")
         procs[role] = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     report = {"kernel": kernel}
     for role, p in procs.items():
@@ -139,7 +190,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--sources")
-    ap.add_argument("--variant", default="exact", choices=["exact", "generic"])
+    ap.add_argument("--variant", default="exact", choices=["exact", "generic", "perturbed"])
+    ap.add_argument("--mode", default="strict", choices=["strict", "record"])
+    ap.add_argument("--record-file", help="with --mode record: where the loader appends requested keys")
+    ap.add_argument("--plan", help="launch this plan's exact keys instead of the bundle's")
+    ap.add_argument("--time", action="store_true", help="time exact vs generic entries per key (device time)")
     ap.add_argument("--kernels", help="substring filter on kernel ids")
     ap.add_argument("--json", help="write the full report here")
     ap.add_argument("--parallel", type=int, default=4)
@@ -149,7 +204,8 @@ def main() -> int:
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.bundle, args.kernel, args.sources, args.seed, args.variant, args.out)
+        child(args.child, args.bundle, args.kernel, args.sources, args.seed, args.variant, args.out, args.mode,
+              args.record_file, args.plan, args.time)
         return 0
     from nojit.loader.bundle_file import Bundle
 
@@ -166,7 +222,7 @@ def main() -> int:
         name = r["kernel"].rpartition(":")[2] + "  (" + r["kernel"].partition(":")[0].rpartition(".")[2] + ")"
         if "error" in r:
             ok_all = False
-            rows.append((name, "-", "ERROR", "-", "-", "-", "-", r["error"].splitlines()[-1][:80]))
+            rows.append((name, "-", "ERROR", "-", "-", "-", "-", r["error"].splitlines()[-1][:80], "-"))
             continue
         lo, ji = r["loader"], r["jit"]
         n = len(lo["results"])
@@ -174,6 +230,9 @@ def main() -> int:
         racy = sum(not ji["results"][i]["deterministic"] for i in ji["results"])
         key_ok = all(v.get("key_matches") for v in lo["results"].values())
         cubin_same = sum(ji["results"][i]["jit_cubin"] == ji["results"][i]["bundle_cubin"] for i in ji["results"])
+        timed = [v["device_us"] for v in lo["results"].values() if "device_us" in v and len(v["device_us"]) == 2]
+        timing = (f"{statistics.mean(t['exact'] for t in timed):.2f}/{statistics.mean(t['generic'] for t in timed):.2f}"
+                  if timed else "-")
         written = sum(v["written"] for v in lo["results"].values())
         compiles = len(lo["compiles"]) + len(lo["guard_attempts"])
         procs = len(lo["processes"])
@@ -185,8 +244,9 @@ def main() -> int:
         if racy:
             ident += f", {racy} nondeterministic in JIT too"
         rows.append((name, str(n), ident, f"{cubin_same}/{n}", str(compiles),
-                     str(procs), str(written), ",".join(f"{k}={v}" for k, v in sorted(served.items())) or "-"))
-    header = ("kernel", "keys", "identical", "same cubin", "compiles", "procs", "written", "served")
+                     str(procs), str(written), ",".join(f"{k}={v}" for k, v in sorted(served.items())) or "-", timing))
+    header = ("kernel", "keys", "identical", "same cubin", "compiles", "procs", "written", "served",
+              "us exact/generic")
     widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header))]
     for row in [header, tuple("-" * w for w in widths), *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
