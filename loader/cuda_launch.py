@@ -8,6 +8,7 @@ into the current context of the device the launch happens on, once, on first use
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nojit.loader.errors import LaunchError
@@ -39,7 +40,11 @@ class CudaLauncher:
         self._err = self._ffi.new("char[]", _ERRLEN)
         self._lock = threading.Lock()
         self._loaded: dict[tuple[int, str], LoadedFunction] = {}
+        self._checked_devices: set[int] = set()
         self.loads = 0
+        # Called once per device before its first module load (the loader checks the GPU
+        # architecture against the bundle's target there).
+        self.device_check: Callable[[int], None] | None = None
 
     def _fail(self, what: str, rc: int) -> LaunchError:
         return self.error(self._err, what, rc)
@@ -77,6 +82,10 @@ class CudaLauncher:
         return loaded
 
     def _load(self, device: int, image: bytes, symbol: str, dynamic_smem: int) -> LoadedFunction:
+        if device not in self._checked_devices:
+            if self.device_check is not None:
+                self.device_check(device)
+            self._checked_devices.add(device)
         rc = self._c.nojit_ensure_context(device, self._err, _ERRLEN)
         if rc:
             raise self._fail(f"CUDA context for device {device}", rc)

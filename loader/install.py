@@ -148,6 +148,11 @@ def install(
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)
+        from nojit.loader.cuda_launch import launcher
+        from nojit.loader.versions import check_arch
+        from nojit.loader.torch_cuda import device_capability
+
+        launcher().device_check = lambda device: check_arch(bundle.manifest, path, device_capability(device), allow)
         if mode is Mode.STRICT:
             install_strict_guards()
         for line in allowed:

@@ -197,3 +197,16 @@ def test_vllm_general_plugin_installs_the_bundle_in_each_process(small_build):
     on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         env={**env, "NOJIT_BUNDLE": small_build["bundle"], "NOJIT_MODE": "strict"})
     assert C128A in on.stdout, on.stderr[-2000:]
+
+
+def test_another_gpu_architecture_is_refused():
+    from nojit.loader.errors import BundleMismatchError
+    from nojit.loader.manifest import Manifest, Producer, Target
+    from nojit.loader.versions import check_arch
+
+    m = Manifest(1, Producer("0.1.0", None, None, None, None, None, "3.11", None), Target("cuda", 90, "sm_90a", 32),
+                 {}, {}, (), {})
+    check_arch(m, "b.nojit", (9, 0), frozenset())
+    with pytest.raises(BundleMismatchError, match=r"holds sm_90a cubins .* this GPU is compute capability 10.0"):
+        check_arch(m, "b.nojit", (10, 0), frozenset())
+    check_arch(m, "b.nojit", (10, 0), frozenset({"arch"}))

@@ -50,7 +50,8 @@ def _keys() -> dict[str, dict]:
                                                 "split_mode": "fused", "write_aux": False},
         "mhc_pre_big_fuse_broadcast_with_norm_tilelang": {**pre, "n_splits": 2},
         "mhc_post_tilelang": {"hc": HC, "hidden": H, "n_thr": 128, "h_blk": 1024},
-        "mhc_fused_tilelang": {"hc": HC, "hidden": H, "n_out": 24, "n_thr": 32, "h_blk": 256, "tile_n": 2, "split_k": 1},
+        "mhc_fused_tilelang": {"hc": HC, "hidden": H, "n_out": 24, "n_thr": 32, "h_blk": 256, "tile_n": 2,
+                               "split_k": 1},
         "hc_head_fuse_tilelang": {"hidden_size": H, "rms_eps": 1e-6, "hc_eps": 1e-6, "hc_mult": HC, "n_thr": 128,
                                   "h_blk": 1024},
     }
@@ -85,7 +86,8 @@ def test_float64_reference_runs_vllms_torch_formulas(vref):
     assert p64.dtype == c64.dtype == y64.dtype == torch.float64
     assert _close(p32, p64, 1e-5, 1e-6) and _close(c32, c64, 1e-5, 1e-6)
     assert _close(li_bf16, y64, 2 ** -8, 1e-6) and not torch.equal(y64, li_bf16.double())  # unrounded in float64
-    comb, post, x = torch.rand(6, HC, HC, generator=g), torch.rand(6, HC, 1, generator=g) * 2, torch.randn(6, H).bfloat16()
+    comb, post = torch.rand(6, HC, HC, generator=g), torch.rand(6, HC, 1, generator=g) * 2
+    x = torch.randn(6, H, generator=g).bfloat16()
     out = mod.mhc_post_torch(x, res, post, comb)
     out64 = ref.mhc_post(x.double(), res.double(), post.double(), comb.double())
     assert out.dtype == torch.bfloat16 and out64.dtype == torch.float64 and _close(out, out64, 2 ** -8, 1e-6)
@@ -137,11 +139,10 @@ def test_case_reference_matches_the_kernel_body_written_out(vref, kernel):
         new_r = torch.einsum("tij,tih->tjh", n["comb_mix"].double(), n["residual_in"].double()) \
             + n["post_mix"].double()[:, :, None] * n["x_in"].double()[:, None, :]
         w = n["weight_t"].double()
-        q = H // 4
+        parts = [slice(s * H // 4, (s + 1) * H // 4) for s in range(4)]
         want = {"residual_out": new_r,
-                "yp_out": torch.stack([torch.einsum("tjh,njh->tn", new_r[..., s * q:(s + 1) * q], w[..., s * q:(s + 1) * q])
-                                       for s in range(4)]),
-                "rp_out": torch.stack([new_r[..., s * q:(s + 1) * q].square().sum((1, 2)) for s in range(4)])}
+                "yp_out": torch.stack([torch.einsum("tjh,njh->tn", new_r[..., p], w[..., p]) for p in parts]),
+                "rp_out": torch.stack([new_r[..., p].square().sum((1, 2)) for p in parts])}
         assert _close(got["yp_out"].sum(0), new_r.reshape(5, -1) @ w.reshape(24, -1).T, 1e-12, 1e-12)
     else:
         res = n["residual"].double()
@@ -250,7 +251,7 @@ def test_dry_run_serves_every_entry_as_planned(tl_small):
 
 @pytest.mark.slow
 def test_dry_run_fails_on_a_swapped_argument(tl_small):
-    """Two same-typed tensors swapped (residual and out of mhc_post): nojit's host checks pass, the plan check must not."""
+    """Two same-typed tensors swapped (mhc_post's residual and out): nojit's host checks pass, the plan check fails."""
     prelude = ("real = ct.build_post\n"
                "def swapped(*a):\n"
                "    c = real(*a); args = list(c.args); args[1], args[4] = args[4], args[1]; c.args = tuple(args)\n"

@@ -1,17 +1,23 @@
 """Prepare what the GPU check carries to the device machine (which has no vLLM and no registry).
 
-    python tools/prepare_device.py --plan .device/plan.json [--extractor ../shared/tools/extract_triton.py]
+    python tools/prepare_device.py [--plan .device/plan.json] [--extractor ../shared/tools/extract_triton.py]
+                                   [--tilelang-bundle out/tl.nojit]
 
 Writes, into ignored folders (third-party code is never committed):
   .device/kernels/*.py + map.json  every Triton kernel of the plan, extracted from the installed
                                    vLLM with shared/tools/extract_triton.py (vLLM's source, verbatim)
   .device/vllm_mhc/                vLLM's mHC torch reference (kernels/mhc/torch.py), for TileLang checks
+  .device/vllm_src/vllm/...        the few vLLM files tests/gpu/check_tilelang.py imports there, verbatim,
+                                   at their package paths (VLLM_TILELANG_FILES), plus SOURCES.json
+  .device/tilelang.nojit           with --tilelang-bundle: the TileLang bundle to check (built here,
+                                   where TileLang is installed)
   .whl/                            the nojit wheel (abi3) and the cp312 wheels it needs there
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -52,6 +58,40 @@ def copy_mhc_reference(out_dir: str) -> None:
     shutil.copy(src, os.path.join(out_dir, "mhc_torch_reference.py"))
 
 
+# What tests/gpu/check_tilelang.py imports from vLLM on a device without vLLM. The kernel module must
+# be byte-identical (nojit compares its kernels' source digest with the bundle's); the rest is its
+# import closure with only torch installed: jit_warmup.py imports the standard library only, the
+# TileLang helper torch + jit_warmup, math_utils the standard library. vllm.platforms (the one heavy
+# import) and vllm.tilelang_utils (nojit's own) are provided in-process by the check, and no package
+# __init__.py is copied: those would pull in the rest of vLLM.
+VLLM_TILELANG_FILES = (
+    "model_executor/kernels/mhc/tilelang_kernels.py",
+    "model_executor/kernels/mhc/torch.py",
+    "model_executor/warmup/jit_warmup.py",
+    "model_executor/warmup/jit_warmup_tilelang_helper.py",
+    "utils/math_utils.py",
+)
+
+
+def copy_vllm_tilelang_sources(out_dir: str) -> int:
+    """Copy VLLM_TILELANG_FILES from the installed vLLM to out_dir/vllm/..., with their digests."""
+    import vllm
+
+    pkg = os.path.dirname(os.path.abspath(vllm.__file__))
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    digests = {}
+    for rel in VLLM_TILELANG_FILES:
+        target = os.path.join(out_dir, "vllm", rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(pkg, rel), target)
+        with open(target, "rb") as f:
+            digests[rel] = hashlib.sha256(f.read()).hexdigest()
+    with open(os.path.join(out_dir, "SOURCES.json"), "w") as f:
+        json.dump({"vllm": vllm.__version__, "files": digests}, f, indent=1, sort_keys=True)
+    return len(digests)
+
+
 def build_wheels(out_dir: str) -> None:
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
@@ -66,13 +106,18 @@ def build_wheels(out_dir: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--plan", required=True, help="a plan written by `nojit build --emit-plan`")
+    ap.add_argument("--plan", help="a plan written by `nojit build --emit-plan` (without it: no Triton kernels)")
     ap.add_argument("--extractor", default=os.path.join(ROOT, "..", "shared", "tools", "extract_triton.py"))
+    ap.add_argument("--tilelang-bundle", help="a TileLang bundle to carry as .device/tilelang.nojit")
     args = ap.parse_args()
-    n = extract_kernels(args.plan, args.extractor, os.path.join(ROOT, ".device", "kernels"))
-    copy_mhc_reference(os.path.join(ROOT, ".device", "vllm_mhc"))
+    device = os.path.join(ROOT, ".device")
+    n = extract_kernels(args.plan, args.extractor, os.path.join(device, "kernels")) if args.plan else 0
+    copy_mhc_reference(os.path.join(device, "vllm_mhc"))
+    m = copy_vllm_tilelang_sources(os.path.join(device, "vllm_src"))
+    if args.tilelang_bundle:
+        shutil.copyfile(args.tilelang_bundle, os.path.join(device, "tilelang.nojit"))
     build_wheels(os.path.join(ROOT, ".whl"))
-    print(f"extracted {n} Triton kernels into .device/kernels; wheels in .whl")
+    print(f"extracted {n} Triton kernels into .device/kernels; {m} vLLM files in .device/vllm_src; wheels in .whl")
     return 0
 
 

@@ -5,7 +5,7 @@ prepared by tools/prepare_device.py (--tilelang-bundle) and the nojit wheel inst
 
     python tests/gpu/check_tilelang.py --bundle .device/tilelang.nojit [--vllm-src .device/vllm_src]
         [--sizes 1,7,64,513,8192] [--kernels SUBSTR] [--seed N] [--json OUT]
-    python tests/gpu/check_tilelang.py --bundle B.nojit --dry-run    # no GPU: launches captured, checked against the plan
+    python tests/gpu/check_tilelang.py --bundle B.nojit --dry-run   # no GPU: launches captured, checked vs the plan
 
 One process does it all, in this order:
   * an audit hook records every process started, and a meta-path finder refuses `import tilelang`;
@@ -186,7 +186,6 @@ class Float64Reference:
         namespace["torch"] = _Float64Names("torch")
         self.mhc_pre = _rebind(module.mhc_pre_torch, namespace)
         self.mhc_post = _rebind(module.mhc_post_torch, namespace)
-        self.mhc_pre_delayed = _rebind(module.mhc_pre_delayed_torch, namespace)
 
 
 def _rebind(fn: Any, namespace: dict[str, Any]) -> Any:
@@ -207,7 +206,7 @@ def deepgemm_k_ranges(k: int, n_splits: int, block_k: int = 64) -> list[tuple[in
     return out
 
 
-def prenorm_gemm_partials(x: Any, fn: Any, n_splits: int) -> tuple[Any, Any]:
+def prenorm_gemm_partials(x: torch.Tensor, fn: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """What vLLM feeds the pre kernels: DeepGEMM's split-K partial x@fn^T [n_splits,T,N] and sum(x^2) [n_splits,T].
 
     Computed in float64 from the exact inputs and rounded once to fp32 (the kernel sums the splits).
@@ -219,14 +218,14 @@ def prenorm_gemm_partials(x: Any, fn: Any, n_splits: int) -> tuple[Any, Any]:
     return mul.contiguous(), sqr.contiguous()
 
 
-def rmsnorm_as_kernel(y: Any, weight: Any, eps: float) -> Any:
+def rmsnorm_as_kernel(y: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The with_norm kernels' RMSNorm of the collapsed input y (float64, unrounded): the sum of squares is
     taken from the unrounded fp32 sum, the values are stored as bf16 before scaling (output_shared)."""
     rs = torch.rsqrt(y.square().mean(-1, keepdim=True) + eps)
     return y.to(torch.bfloat16).double() * rs * weight.double()
 
 
-def fused_partials(new_r: Any, weight_t: Any, split_k: int) -> tuple[Any, Any]:
+def fused_partials(new_r: torch.Tensor, weight_t: torch.Tensor, split_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """mhc_fused's split-K outputs: split s covers hidden [s*H/split_k, (s+1)*H/split_k) of every stream;
     yp_out[s] = sum over that slice of new_r . weight_t, rp_out[s] = sum of new_r^2 (new_r unrounded)."""
     t, hc, h = new_r.shape
@@ -260,7 +259,7 @@ F32_MIX = Tolerance(rtol=1e-4, atol_frac=1e-6)
 EXACT = Tolerance(rtol=0.0, atol_frac=0.0)
 
 
-def compare(out: Any, ref: Any, tol: Tolerance) -> dict[str, Any]:
+def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> dict[str, Any]:
     """max abs error, max relative error over |ref| >= 1e-3 max|ref|, and pass/fail (NaN fails)."""
     o, r = out.double(), ref.double()
     err = (o - r).abs()
@@ -279,7 +278,7 @@ def compare(out: Any, ref: Any, tol: Tolerance) -> dict[str, Any]:
 class Guarded:
     """An output buffer poisoned with 0xFF bytes (NaN in fp32 and bf16), inside poisoned guard bands."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any, device: Any) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: str) -> None:
         n = math.prod(shape)
         self.flat = torch.empty(n + 2 * GUARD, dtype=dtype, device=device)
         self.t = self.flat[GUARD:GUARD + n].view(shape)
@@ -299,15 +298,16 @@ class Guarded:
 class Rand:
     """Seeded inputs on one device."""
 
-    def __init__(self, seed: int, device: Any) -> None:
+    def __init__(self, seed: int, device: str) -> None:
         self.device = device
         self.g = torch.Generator(device=device).manual_seed(seed)
 
-    def normal(self, *shape: int, std: float = 1.0, mean: float = 0.0, dtype: Any = None) -> Any:
+    def normal(self, *shape: int, std: float = 1.0, mean: float = 0.0,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
         t = torch.randn(shape, generator=self.g, device=self.device) * std + mean
         return t.to(dtype or torch.float32)
 
-    def uniform(self, *shape: int, lo: float = 0.0, hi: float = 1.0) -> Any:
+    def uniform(self, *shape: int, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
         return torch.rand(shape, generator=self.g, device=self.device) * (hi - lo) + lo
 
 
@@ -666,8 +666,9 @@ def check_bundle(bundle_path: str, vllm_src: str, sizes: tuple[int, ...], seed: 
     ref = Float64Reference(importlib.import_module(TORCH_REF))
     report: dict[str, Any] = {"bundle": bundle_path, "sizes": list(sizes), "seed": seed, "dry_run": dry_run,
                               "enable_pdl": getattr(mhc, "ENABLE_PDL", None), "entries": []}
-    entries = [e for e in inst.bundle.manifest.entries
-               if inst.bundle.manifest.kernels[e.kernel].runtime == "tilelang" and (not kernels or kernels in e.kernel)]
+    entries = sorted((e for e in inst.bundle.manifest.entries
+                      if inst.bundle.manifest.kernels[e.kernel].runtime == "tilelang"
+                      and (not kernels or kernels in e.kernel)), key=lambda e: (e.kernel, key_from_json(e.key)))
     # The servers vLLM's module now holds (nojit fills them as the module decorates its kernels).
     servers = {k: getattr(mhc, k.rpartition(":")[2], None) for k in {e.kernel for e in entries}}
     servers = {k: s for k, s in servers.items() if isinstance(s, TileLangKernelServer)}
@@ -776,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "little")
     sizes = tuple(int(s) for s in args.sizes.split(","))
     if not args.dry_run and not (torch.cuda.is_available() and torch.cuda.get_device_capability(0) == (9, 0)):
-        print("RESULT: FAIL (needs an sm_90 GPU; use --dry-run without one)")
+        print("needs an sm_90 GPU (use --dry-run without one)\nRESULT: FAIL")
         return 1
     where = "dry run (CPU)" if args.dry_run else torch.cuda.get_device_name(0)
     print(f"bundle {args.bundle}; {where}; torch {torch.__version__}; sizes {sizes}; seed {seed}", flush=True)
@@ -785,8 +786,8 @@ def main(argv: list[str] | None = None) -> int:
     report["seconds"] = time.perf_counter() - t0
     print_table(report)
     n_cases = sum(len(r["cases"]) for r in report["entries"])
-    print(f"\nRESULT: {'PASS' if report['ok'] else 'FAIL'} ({len(report['entries'])} entries, {n_cases} cases, "
-          f"{report['seconds']:.1f} s)")
+    print(f"\n{len(report['entries'])} entries, {n_cases} cases, {report['seconds']:.1f} s")
+    print(f"RESULT: {'PASS' if report['ok'] else 'FAIL'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=str)
