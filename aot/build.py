@@ -145,6 +145,17 @@ def _plan_triton(plan: Plan, d: Deployment, groups: set[str] | None, kernels: li
             add(enumerate_derived(derived, d), None, derived.site)
 
 
+def _use_source_map_hashes(plan: Plan, source_map_path: str) -> None:
+    """With --kernel-sources the compiled source is the map's, so its digest is the one that counts."""
+    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
+    from nojit.aot.triton_enumerate import jit_function_of
+
+    source_map = load_source_map(source_map_path)
+    for kid, k in plan.kernels.items():
+        if k["runtime"] == "triton":
+            k["source_hash"] = jit_function_of(resolve_kernel(kid, source_map)).cache_key
+
+
 def add_recorded_keys(plan: Plan, paths: list[str]) -> int:
     """Merge keys recorded by NOJIT_MODE=record into the plan. Returns how many were new."""
     added = 0
@@ -350,6 +361,8 @@ def build(opts: BuildOptions) -> BuildResult:
         plan.requests = [r for r in plan.requests if r["kernel"] in keep]
     else:
         plan = plan_deployment(opts)
+    if opts.kernel_sources:
+        _use_source_map_hashes(plan, opts.kernel_sources)
     if opts.add_keys:
         add_recorded_keys(plan, opts.add_keys)
     if opts.generic:

@@ -92,12 +92,12 @@ def main() -> int:
     from nojit.loader.torch_cuda import current_device, current_stream
 
     dev = current_device()
-    loaded = variant.load(dev)
-    values = [pack(bound[i]) for i, pack in variant._plan] + [0, 0]
+    function = variant.load(dev)
+    values = variant._pack(bound)
     lch = launcher()
     stream = current_stream(dev)
     launch = variant.launch
-    c_us = per_call_us(lambda: lch.launch(loaded.function, (GRID[0], GRID[1], GRID[2]), (32 * launch.num_warps, 1, 1),
+    c_us = per_call_us(lambda: lch.launch(function, (GRID[0], GRID[1], GRID[2]), (32 * launch.num_warps, 1, 1),
                                           launch.shared, stream, variant._types, values, (1, 1, 1), launch.launch_pdl,
                                           False))
     key_us = per_call_us(lambda: server._binder(**kwargs), calls=5000)

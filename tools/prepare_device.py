@@ -99,7 +99,8 @@ def build_wheels(out_dir: str) -> None:
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", ROOT, "--no-deps", "--no-build-isolation", "-q", "-w", out_dir], check=True)
     platforms = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
-    for name in ("cffi", "pycparser", "zstandard"):
+    # cffi + zstandard: nojit's own needs; pytest and its needs: the GPU tests of the suite
+    for name in ("cffi", "pycparser", "zstandard", "pytest", "pluggy", "iniconfig", "packaging"):
         subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
                         "--implementation", "cp", *platforms, "-q", "-d", out_dir, name], check=True)
 
@@ -114,8 +115,9 @@ def main() -> int:
     n = extract_kernels(args.plan, args.extractor, os.path.join(device, "kernels")) if args.plan else 0
     copy_mhc_reference(os.path.join(device, "vllm_mhc"))
     m = copy_vllm_tilelang_sources(os.path.join(device, "vllm_src"))
-    if args.tilelang_bundle:
-        shutil.copyfile(args.tilelang_bundle, os.path.join(device, "tilelang.nojit"))
+    target = os.path.join(device, "tilelang.nojit")
+    if args.tilelang_bundle and not (os.path.exists(target) and os.path.samefile(args.tilelang_bundle, target)):
+        shutil.copyfile(args.tilelang_bundle, target)
     build_wheels(os.path.join(ROOT, ".whl"))
     print(f"extracted {n} Triton kernels into .device/kernels; {m} vLLM files in .device/vllm_src; wheels in .whl")
     return 0

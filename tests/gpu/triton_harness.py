@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-ELEMS = 1 << 16  # elements per buffer
+ELEMS = 1 << 17  # elements per buffer
 MARGIN = 1 << 13  # elements before the pointer, for small negative offsets
 GRID = (3, 2, 1)
 
@@ -68,9 +68,13 @@ def stored_pointer_names(fn: Any) -> set[str]:
     return {fn.params[i].name for i in _stored_params(fn)}
 
 
-def _int_of_class(ty: str, attr: Any, rng: random.Random) -> int:
+def _int_of_class(name: str, ty: str, attr: Any, rng: random.Random) -> int:
     if ty != "i32":
         raise ValueError(f"{ty} arguments need values beyond 2^31; not synthesized")
+    if "stride" in name.lower():
+        # Row strides at least as wide as any row a kernel writes (vLLM's rows are padded to
+        # their width): with narrower rows, programs writing neighbouring rows would race.
+        return {"D": 1024, "": 1025}.get(attr, 1024)
     if attr == "D":
         return 16 * rng.randint(1, 3)
     if attr == "":
@@ -102,11 +106,15 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
             elif dtype == torch.bool:
                 base.copy_(torch.randint(0, 2, (ELEMS,), generator=gen, device=device).bool())
             else:
-                # Non-decreasing small integers: valid offsets, lengths and cumulative
-                # starts at once, so programs of one launch do not race on overlapping ranges.
-                steps = torch.randint(0, 3, (ELEMS,), generator=gen, device=device)
-                base.copy_(torch.cumsum(steps, 0).clamp_(max=127 if dtype == torch.int8 else 1 << 20).to(dtype))
+                base.zero_()  # filled below, from the pointer on
             offset = MARGIN + (1 if attr == "" else 0)
+            if p.name not in outputs and not dtype.is_floating_point and dtype != torch.bool:
+                # Non-decreasing small integers from the pointer on: valid offsets, lengths and
+                # cumulative starts at once, so programs of one launch do not race on overlapping
+                # ranges; zeros in the margin before it.
+                steps = torch.randint(0, 3, (ELEMS - offset,), generator=gen, device=device)
+                base.zero_()
+                base[offset:].copy_(torch.cumsum(steps, 0).clamp_(max=127 if dtype == torch.int8 else 1 << 20).to(dtype))
             kwargs[p.name] = base[offset:]
             buffers.append(base)
         elif ty in ("fp32", "fp64", "fp16", "bf16"):
@@ -114,7 +122,7 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
         elif ty == "u1":
             kwargs[p.name] = bool(rng.getrandbits(1))
         else:
-            kwargs[p.name] = _int_of_class(ty, attr if isinstance(attr, str) or attr is None else "", rng)
+            kwargs[p.name] = _int_of_class(p.name, ty, attr if isinstance(attr, str) or attr is None else "", rng)
     for name, tagged in options:
         if name not in ("debug", "instrumentation_mode"):
             kwargs[name] = constexpr_value(tagged)
