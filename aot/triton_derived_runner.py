@@ -97,13 +97,13 @@ def raw_logits(d: Deployment) -> Tensor:
 
 def raw_stride(d: Deployment) -> int:
     """Row stride of compute_logits output: the TP-gathered vocab is padded to 64
-    (vocab_parallel_embedding.py:36, 286) and sliced to the vocab (logits_processor.py:194)."""
+    (vocab_parallel_embedding.py:36, 286) and sliced to the vocab (logits_processor.py:198)."""
     return cdiv(vocab(d), 64) * 64
 
 
 def logits_variants(d: Deployment) -> list[tuple[Tensor, int]]:
     """Sampler / rejection-sampler logits: raw when no request of the step needs processing
-    (Sampler.apply_sampling_params returns them as is, sampler.py:247), else an fp32 copy."""
+    (Sampler.apply_sampling_params returns them as is, sampler.py:239), else an fp32 copy (:242)."""
     return [(raw_logits(d), raw_stride(d)), (T(F32), vocab(d))]
 
 
@@ -113,7 +113,7 @@ def draft_stride(d: Deployment) -> int:
 
 
 def lookahead(d: Deployment) -> int:
-    """max(1, num_prefill_lookahead_tokens) (gpu/model_runner.py:276; config/vllm.py:655-675)."""
+    """max(1, num_prefill_lookahead_tokens) (gpu/model_runner.py:280; config/vllm.py:655-675)."""
     multi_module = min(int(d.hf_config.get("num_nextn_predict_layers", 1)), k(d)) > 1
     return k(d) if d.spec_decode and multi_module else 1
 
@@ -153,8 +153,8 @@ def _get_num_sampled_and_rejected(d: Deployment) -> Calls:
 
 
 def _post_update(d: Deployment) -> Calls:
-    # sampled_tokens: Sampler's sampled.view(-1, 1) (stride 1, sampler.py:224) or the
-    # rejection sampler's [num_reqs, k + 1] (rejection_sampler_utils.py:1301).
+    # sampled_tokens: Sampler's sampled.view(-1, 1) (stride 1, sampler.py:217) or the
+    # rejection sampler's [num_reqs, k + 1] (rejection_sampler_utils.py:1300).
     strides = [1] + ([k(d) + 1] if d.spec_decode else [])
     return on(v2(d), grid(dict(
         idx_mapping_ptr=T(I64), num_computed_tokens_ptr=T(I32), last_sampled_tokens_ptr=T(I64),
@@ -174,7 +174,7 @@ def _expand_idx_mapping(d: Deployment) -> Calls:
 def _gather_block_tables(d: Deployment) -> Calls:
     # MASK_SLIDING_WINDOW: prepare_attn passes num_computed_tokens and DeepSeek-V4's SWA and
     # compressor-state groups are SlidingWindowMLASpec (retained tokens > 0,
-    # gpu/model_runner.py:657). num_reqs is do_not_specialize.
+    # gpu/model_runner.py:658). num_reqs is do_not_specialize.
     return on(v2(d), [dict(
         batch_idx_to_req_idx=T(I64), src_block_table_ptrs=T(U64), dst_block_table_ptrs=T(U64),
         block_table_strides=T(I64), num_blocks_ptr=T(I32), num_blocks_stride=d.max_num_seqs, num_reqs=OTHER,
@@ -203,7 +203,7 @@ def _apply_write(d: Deployment) -> Calls:
                   write_contents_ptr=T(dt), write_cu_lens_ptr=T(I32), write_group_ids_ptr=None,
                   BLOCK_SIZE=1024, MULTI_GROUP=False) for dt, stride in staged]
     # Block tables of several KV cache groups (DeepSeek-V4 has 256-, 64-, 8- and 4-token
-    # groups): one FusedStagedWriter launch (buffer_utils.py:296, block_table.py:159).
+    # groups): one FusedStagedWriter launch (buffer_utils.py:296, block_table.py:155).
     calls.append(dict(output_ptr=T(U64), output_stride=T(I64), write_indices_ptr=T(I32), write_starts_ptr=T(I32),
                       write_contents_ptr=T(I32), write_cu_lens_ptr=T(I32), write_group_ids_ptr=T(I32),
                       BLOCK_SIZE=1024, MULTI_GROUP=True))
@@ -214,7 +214,7 @@ def _zero_kv_blocks(d: Deployment) -> Calls:
     # Both runners: DeepSeek-V4 mixes uint8 (fp8_ds_mla) and fp32 (compressor state)
     # attention caches, so needs_kv_cache_zeroing holds (kv_cache_interface.py:1652) and
     # KVBlockZeroer zeroes new blocks each step. BLOCK_SIZE = min(next_pow2(largest page in
-    # int32 words), 1024) (utils.py:222): 1024, every DeepSeek-V4 page is over 4 KiB.
+    # int32 words), 1024) (utils.py:222): 1024, the largest (MLA) page is far over 4 KiB.
     return [dict(seg_addrs_ptr=T(U64), seg_block_strides_ptr=T(I64), seg_page_sizes_ptr=T(I64),
                  block_ids_ptr=T(I64), BLOCK_SIZE=1024)]
 
@@ -232,7 +232,7 @@ def _gumbel_sample(d: Deployment) -> Calls:
 
 
 def _processed(d: Deployment, **kw: Any) -> Calls:
-    """A logits processor's launch: fp32 logits copy, stride vocab (sampler.py:251)."""
+    """A logits processor's launch: fp32 logits copy, stride vocab (sampler.py:242)."""
     return on(v2(d), [dict(logits_ptr=T(F32), logits_stride=vocab(d), **kw)])
 
 
@@ -262,7 +262,7 @@ def _bincount(d: Deployment) -> Calls:
 
 
 def _bias(d: Deployment) -> Calls:
-    # CHECK_ALL_MASKED_ROWS is True only for min_tokens with structured outputs (logit_bias.py:137).
+    # CHECK_ALL_MASKED_ROWS is True only for min_tokens with structured outputs (logit_bias.py:107, 137).
     return _processed(d, vocab_size=vocab(d), expanded_idx_mapping_ptr=T(I64),
                       num_allowed_token_ids_ptr=T(I32), allowed_token_ids_ptr=T(I32), allowed_token_ids_stride=1024,
                       num_logit_bias_ptr=T(I32), bias_token_ids_ptr=T(I32), bias_token_ids_stride=1024,
@@ -281,7 +281,7 @@ def _bad_words(d: Deployment) -> Calls:
 
 
 def _topk_log_softmax(d: Deployment) -> Calls:
-    # raw_logprobs (default logprobs_mode): the raw logits (sampler.py:171, rejection_sampler.py:400).
+    # raw_logprobs (default logprobs_mode): the raw logits (sampler.py:174, rejection_sampler.py:364).
     # token_ids = cat(sampled, topk(n)) is [B, n + 1] (logprob.py:126-133): topk = stride = n + 1.
     return on(v2(d), [dict(
         output_ptr=T(F32), logits_ptr=raw_logits(d), logits_stride=raw_stride(d), topk_ids_ptr=T(I64),
@@ -312,7 +312,7 @@ def _gather_draft_sampled(d: Deployment) -> Calls:
 
 
 def _rs_blocks(d: Deployment) -> tuple[int, int]:
-    """(vocab blocks of 8192, padded to a power of two) (rejection_sampler_utils.py:1181-1183)."""
+    """(vocab blocks of 8192, padded to a power of two) (rejection_sampler_utils.py:1179-1180)."""
     n = cdiv(vocab(d), 8192)
     return n, pow2(n)
 
@@ -383,7 +383,7 @@ def _spec_prepare_prefill(d: Deployment) -> Calls:
 
 
 def _spec_prepare_decode(d: Deployment) -> Calls:
-    # Only k > 1: with one speculative token propose() returns after the draft prefill (speculator.py:286).
+    # Only k > 1: with one speculative token propose() returns after the draft prefill (speculator.py:297).
     return on(spec_v2(d) and k(d) > 1, [dict(
         draft_tokens_ptr=T(I64), draft_tokens_stride=k(d), target_seq_lens_ptr=T(I32), num_rejected_ptr=T(I32),
         input_ids_ptr=T(I32), positions_ptr=T(I64), sample_src_positions_ptr=T(I64), query_start_loc_ptr=T(I32),
@@ -429,7 +429,8 @@ RUNNER_DERIVED: tuple[DerivedKernel, ...] = (
     _row(f"{BT}:_compute_slot_mappings_kernel", "v1/worker/gpu/block_table.py:242", _compute_slot_mappings),
     _row(f"{BU}:_apply_write_kernel", "v1/worker/gpu/buffer_utils.py:223,296", _apply_write),
     _row("vllm.v1.worker.utils:_zero_kv_blocks_kernel", "v1/worker/utils.py:247", _zero_kv_blocks,
-         "unregistered KV-block zeroing of both runners; warmed by KVBlockZeroer.warmup", ("runner", "runner-v2", "runner-v1")),
+         "unregistered KV-block zeroing of both runners; warmed by KVBlockZeroer.warmup",
+         ("runner", "runner-v2", "runner-v1")),
     # Sampler (gpu/sample/sampler.py) and its logits processors.
     _row(f"{SMP}.gumbel:_gumbel_sample_kernel", "v1/worker/gpu/sample/gumbel.py:390", _gumbel_sample),
     _row(f"{SMP}.gumbel:_temperature_kernel", "v1/worker/gpu/sample/gumbel.py:55", _temperature),

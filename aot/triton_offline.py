@@ -105,6 +105,8 @@ def to_triton_specialization(spec: tuple) -> list[tuple[Any, Any]]:
 
 def constexpr_value(tagged: tuple[str, Any]) -> Any:
     kind, value = tagged
+    if kind == "float" and isinstance(value, str):  # inf, -inf, nan (see key_values.tag)
+        return float(value)
     if kind in ("int", "bool", "float", "str", "NoneType"):
         return value
     if kind == "dtype":

@@ -66,7 +66,17 @@ def make_vllm_config(d: Deployment) -> _View:
             max_num_batched_tokens=d.max_num_batched_tokens,
             max_num_seqs=d.max_num_seqs,
         ),
-        cache_config=_view("vllm_config.cache_config", block_size=d.block_size, cache_dtype=d.kv_cache_dtype),
+        # The DeepSeek-V4 attention layer writes the canonical "fp8_ds_mla" back onto
+        # cache_config at construction (models/deepseek_v4/attention.py:116-120), before
+        # the registry expands keys; every kv_cache_dtype a deployment accepts maps to it.
+        cache_config=_view("vllm_config.cache_config", block_size=d.block_size, cache_dtype="fp8_ds_mla"),
+        # indexer_kv_dtype "auto" (the default) resolves to the caller's default, fp8
+        # (config/attention.py:198-204; read by dsa_indexer_uses_fp4, indexer.py:60-68).
+        attention_config=_view(
+            "vllm_config.attention_config",
+            indexer_kv_dtype="auto",
+            resolve_indexer_kv_dtype=lambda default: default,
+        ),
         parallel_config=_view(
             "vllm_config.parallel_config",
             tensor_parallel_size=d.tensor_parallel_size,
@@ -76,4 +86,5 @@ def make_vllm_config(d: Deployment) -> _View:
             cp_kv_cache_interleave_size=1,
         ),
         speculative_config=spec,
+        num_speculative_tokens=d.num_speculative_tokens,  # VllmConfig property (top-k/top-p warmup batch)
     )

@@ -154,6 +154,12 @@ def install_deployment_platform(facts: PlatformFacts) -> None:
 _neutral_class: list[type] = [object]
 _deployment_class: list[type] = [object]
 TILELANG_KERNELS_MODULE = "vllm.model_executor.kernels.mhc.tilelang_kernels"
+# Modules that define their Triton kernels only under `if current_platform.is_cuda():` at
+# import (dsv4_topk.py:38). vLLM's package imports load them under the neutral platform,
+# without the kernel; they are reloaded once under the deployment platform. They import
+# nothing that needs libcuda (torch, vllm.platforms, vllm.triton_utils).
+CUDA_ONLY_KERNEL_MODULES = frozenset({"vllm.model_executor.layers.fused_moe.router.dsv4_topk"})
+_cuda_reloaded: set[str] = set()
 
 
 @contextlib.contextmanager
@@ -179,16 +185,19 @@ def import_kernel_module(name: str) -> ModuleType:
     """
     if _installed is None:
         raise BuildError("the deployment platform is not installed", fix="call install_deployment_platform() first")
-    if name in sys.modules:
-        return sys.modules[name]
-    had_tilelang = TILELANG_KERNELS_MODULE in sys.modules
-    with _neutral_platform():
-        module = importlib.import_module(name)
-    if not had_tilelang and TILELANG_KERNELS_MODULE in sys.modules:
-        raise BuildError(
-            f"importing {name} imported the TileLang kernels under the neutral platform",
-            fix="import vllm.model_executor.kernels.mhc.tilelang_kernels before the Triton kernel modules",
-        )
+    module = sys.modules.get(name)
+    if module is None:
+        had_tilelang = TILELANG_KERNELS_MODULE in sys.modules
+        with _neutral_platform():
+            module = importlib.import_module(name)
+        if not had_tilelang and TILELANG_KERNELS_MODULE in sys.modules:
+            raise BuildError(
+                f"importing {name} imported the TileLang kernels under the neutral platform",
+                fix="import vllm.model_executor.kernels.mhc.tilelang_kernels before the Triton kernel modules",
+            )
+    if name in CUDA_ONLY_KERNEL_MODULES and name not in _cuda_reloaded:
+        _cuda_reloaded.add(name)
+        module = importlib.reload(module)  # under the deployment platform: defines the CUDA kernels
     return module
 
 

@@ -53,7 +53,7 @@ def main() -> int:
     from nojit.aot.triton_enumerate import jit_function_of
     from nojit.loader.bundle_file import Bundle
     from nojit.loader.triton_key import key_from_json
-    from triton_harness import GRID, synthesize
+    from triton_harness import grid_for, synthesize
 
     smap = load_source_map(args.sources) if args.sources else None
     bundle = Bundle.open(args.bundle)
@@ -62,6 +62,7 @@ def main() -> int:
     key = key_from_json(entry.key)
     fn = jit_function_of(resolve_kernel(kid, smap))
     kwargs, _buffers, _ = synthesize(fn, key, 7)
+    GRID = grid_for(fn)
     torch.cuda.synchronize()
 
     # Triton JIT: cold compile of this key, then warm launches through kernel[grid].

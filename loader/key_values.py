@@ -15,12 +15,19 @@ class UnsupportedArgument(Exception):
 
 
 _PLAIN_TYPES = {int: "int", bool: "bool", float: "float", str: "str", type(None): "NoneType"}
+_INFINITIES = (float("inf"), float("-inf"))
 
 
 def tag(value: Any) -> tuple[str, Any]:
-    """A constexpr or option value with its type, hashable and JSON-representable."""
+    """A constexpr or option value with its type, hashable and JSON-representable.
+
+    Non-finite floats (vLLM passes -inf mask values as constexprs) are tagged by their
+    repr, "inf", "-inf" or "nan": JSON has no such numbers, and NaN would not equal itself.
+    """
     name = _PLAIN_TYPES.get(value.__class__)
     if name is not None:
+        if name == "float" and (value != value or value in _INFINITIES):
+            return ("float", repr(value))
         return (name, value)
     cls = value.__class__.__name__
     if cls == "dtype":  # triton.language.dtype

@@ -39,7 +39,7 @@ def call_args(draw, fn):
     for p in fn.params:
         name = p.name
         if p.is_constexpr:
-            kwargs[name] = draw(st.sampled_from([1, 16, 128, 512, 1024, 0, True, False, None]))
+            kwargs[name] = draw(st.sampled_from([1, 16, 128, 512, 1024, 0, True, False, None, float("-inf"), float("nan")]))
         elif name.endswith("_ptr") or name in ("p", "q", "p_noalign", "maybe_ptr"):
             kind = draw(st.sampled_from(["aligned", "unaligned", "none"] if name == "maybe_ptr" else ["aligned", "unaligned"]))
             kwargs[name] = None if kind == "none" else tensor(draw(st.sampled_from(DTYPES)), kind == "aligned")

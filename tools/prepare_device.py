@@ -28,14 +28,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WHEEL_PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
-def extract_kernels(plan_path: str, extractor: str, out_dir: str) -> int:
+def extract_kernels(plan_path: str, extractor: str, out_dir: str) -> tuple[int, list[str]]:
+    """Extract every Triton kernel of the plan; write map.json and device.plan.json (the plan
+    restricted to the kernels that extracted). Returns (extracted count, kernels skipped with why)."""
     import vllm
 
     site = os.path.dirname(os.path.dirname(os.path.abspath(vllm.__file__)))
     with open(plan_path) as f:
         plan = json.load(f)
     os.makedirs(out_dir, exist_ok=True)
-    mapping = {}
+    mapping, skipped = {}, []
     for kid, k in sorted(plan["kernels"].items()):
         if k["runtime"] != "triton":
             continue
@@ -43,11 +45,20 @@ def extract_kernels(plan_path: str, extractor: str, out_dir: str) -> int:
         src = k["info"]["file"]
         name = kid.replace(":", "__").replace(".", "_")
         target = os.path.join(out_dir, f"{name}.py")
-        subprocess.run([sys.executable, extractor, src, qualname, "-o", target, "--root", site], check=True)
+        p = subprocess.run([sys.executable, extractor, src, qualname, "-o", target, "--root", site],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            skipped.append(f"{kid}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else 'failed'}")
+            continue
         mapping[kid] = {"file": f"{name}.py", "qualname": qualname}
     with open(os.path.join(out_dir, "map.json"), "w") as f:
         json.dump(mapping, f, indent=1, sort_keys=True)
-    return len(mapping)
+    device_plan = dict(plan)
+    device_plan["kernels"] = {k: v for k, v in plan["kernels"].items() if k in mapping}
+    device_plan["requests"] = [r for r in plan["requests"] if r["kernel"] in mapping]
+    with open(os.path.join(os.path.dirname(out_dir), "device.plan.json"), "w") as f:
+        json.dump(device_plan, f, sort_keys=True)
+    return len(mapping), skipped
 
 
 def copy_mhc_reference(out_dir: str) -> None:
@@ -112,14 +123,17 @@ def main() -> int:
     ap.add_argument("--tilelang-bundle", help="a TileLang bundle to carry as .device/tilelang.nojit")
     args = ap.parse_args()
     device = os.path.join(ROOT, ".device")
-    n = extract_kernels(args.plan, args.extractor, os.path.join(device, "kernels")) if args.plan else 0
+    n, skipped = extract_kernels(args.plan, args.extractor, os.path.join(device, "kernels")) if args.plan else (0, [])
     copy_mhc_reference(os.path.join(device, "vllm_mhc"))
     m = copy_vllm_tilelang_sources(os.path.join(device, "vllm_src"))
     target = os.path.join(device, "tilelang.nojit")
     if args.tilelang_bundle and not (os.path.exists(target) and os.path.samefile(args.tilelang_bundle, target)):
         shutil.copyfile(args.tilelang_bundle, target)
     build_wheels(os.path.join(ROOT, ".whl"))
-    print(f"extracted {n} Triton kernels into .device/kernels; {m} vLLM files in .device/vllm_src; wheels in .whl")
+    print(f"extracted {n} Triton kernels into .device/kernels (plan for them: .device/device.plan.json); "
+          f"{m} vLLM files in .device/vllm_src; wheels in .whl")
+    for line in skipped:
+        print(f"  not extractable, left out of the device plan: {line}")
     return 0
 
 

@@ -22,9 +22,30 @@ from typing import Any
 
 import torch
 
-ELEMS = 1 << 17  # elements per buffer
+ELEMS = 1 << 17  # elements per buffer (more for kernels with wide constexpr rows, see buffer_elems)
+MAX_ELEMS = 1 << 21
 MARGIN = 1 << 13  # elements before the pointer, for small negative offsets
-GRID = (3, 2, 1)
+GRID = (3, 2, 1)  # the largest grid used; kernels get only the axes they read (see grid_for)
+
+# Kernels that read device addresses out of their input buffers (vLLM's V2 block tables and
+# staged writes keep tables of pointers): random inputs cannot stand for those.
+POINTER_TABLE_KERNELS = ("_gather_block_tables_kernel", "_compute_slot_mappings_kernel", "_apply_write_kernel",
+                         "_zero_kv_blocks_kernel")
+
+
+def grid_for(fn: Any) -> tuple[int, int, int]:
+    """GRID restricted to the axes the kernel reads: a second program on an axis the kernel
+    ignores would redo the same read-modify-writes and race with the first."""
+    src = inspect.getsource(fn.fn).replace(" ", "")
+    used = [any(f"{call}({axis})" in src or f"{call}(axis={axis})" in src for call in ("program_id", "num_programs"))
+            for axis in range(3)]
+    return tuple(g if used[a] or a == 0 else 1 for a, g in enumerate(GRID))  # type: ignore[return-value]
+
+
+def buffer_elems(spec: Any) -> int:
+    """Buffers at least four times the widest constexpr row (e.g. a vocabulary), within MAX_ELEMS."""
+    widest = max((v[1] for t, v in spec if t == "constexpr" and v[0] == "int"), default=0)
+    return min(MAX_ELEMS, max(ELEMS, 4 * widest + MARGIN))
 
 _DTYPES = {
     "i8": torch.int8, "u8": torch.uint8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
@@ -42,30 +63,31 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _stored_params(fn: Any, depth: int = 0) -> set[int]:
-    """Indices of parameters used as the base address of a store, following @jit helpers."""
+def _stored_params(fn: Any, depth: int = 0, calls: tuple[str, ...] = _STORES) -> set[int]:
+    """Indices of parameters used as the base address of a store (or of `calls`), following @jit helpers."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
     params = [p.name for p in fn.params]
     out: set[int] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
-        if isinstance(node.func, ast.Attribute) and node.func.attr in _STORES and node.args:
+        if isinstance(node.func, ast.Attribute) and node.func.attr in calls and node.args:
             root = _root(node.args[0])
             if root in params:
                 out.add(params.index(root))
         elif isinstance(node.func, ast.Name) and depth < 4:
             helper = fn.__globals__.get(node.func.id)
             if helper is not None and hasattr(helper, "params") and hasattr(helper, "fn"):
-                for j in _stored_params(helper, depth + 1):
+                for j in _stored_params(helper, depth + 1, calls):
                     if j < len(node.args) and (root := _root(node.args[j])) in params:
                         out.add(params.index(root))
     return out
 
 
 def stored_pointer_names(fn: Any) -> set[str]:
-    """Parameters the kernel stores through (its outputs), including inside @jit helpers."""
-    return {fn.params[i].name for i in _stored_params(fn)}
+    """Parameters the kernel only stores through (pure outputs, poisoned before a run), including
+    inside @jit helpers. Buffers it also reads (read-modify-write) get valid input data instead."""
+    return {fn.params[i].name for i in _stored_params(fn) - _stored_params(fn, calls=("load",))}
 
 
 def _int_of_class(name: str, ty: str, attr: Any, rng: random.Random) -> int:
@@ -91,6 +113,7 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     outputs = stored_pointer_names(fn)
+    elems = buffer_elems(spec)
     kwargs: dict[str, Any] = {}
     buffers: list[torch.Tensor] = []
     for p, (ty, attr) in zip(fn.params, spec):
@@ -98,13 +121,13 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
             kwargs[p.name] = constexpr_value(attr)
         elif ty.startswith("*"):
             dtype = _DTYPES[ty.lstrip("*k")]
-            base = torch.empty(ELEMS, dtype=dtype, device=device)
+            base = torch.empty(elems, dtype=dtype, device=device)
             if p.name in outputs:
                 base.view(torch.uint8).fill_(0xFF)
             elif dtype.is_floating_point:
-                base.copy_(torch.randn(ELEMS, generator=gen, device=device, dtype=torch.float32).to(dtype))
+                base.copy_(torch.randn(elems, generator=gen, device=device, dtype=torch.float32).to(dtype))
             elif dtype == torch.bool:
-                base.copy_(torch.randint(0, 2, (ELEMS,), generator=gen, device=device).bool())
+                base.copy_(torch.randint(0, 2, (elems,), generator=gen, device=device).bool())
             else:
                 base.zero_()  # filled below, from the pointer on
             offset = MARGIN + (1 if attr == "" else 0)
@@ -112,7 +135,7 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
                 # Non-decreasing small integers from the pointer on: valid offsets, lengths and
                 # cumulative starts at once, so programs of one launch do not race on overlapping
                 # ranges; zeros in the margin before it.
-                steps = torch.randint(0, 3, (ELEMS - offset,), generator=gen, device=device)
+                steps = torch.randint(0, 3, (elems - offset,), generator=gen, device=device)
                 base.zero_()
                 base[offset:].copy_(torch.cumsum(steps, 0).clamp_(max=127 if dtype == torch.int8 else 1 << 20).to(dtype))
             kwargs[p.name] = base[offset:]
