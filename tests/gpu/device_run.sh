@@ -30,18 +30,18 @@ for step in "$@"; do
     triton)
       ( time build_triton $W/triton.nojit ) 2>&1 | tail -20
       python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 \
-        --json "$OUT/check_triton.json" 2>&1 | tail -14 || rc=1
+        --json "$OUT/check_triton.json" 2>&1 | tail -75 || rc=1
       python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant generic --time \
-        --json "$OUT/check_generic.json" 2>&1 | tail -14 || rc=1
+        --json "$OUT/check_generic.json" 2>&1 | tail -75 || rc=1
       python3 bench/bench_dispatch.py --bundle $W/triton.nojit --sources $MAP 2>&1
       ;;
     record)
       rm -f $W/rec1.jsonl $W/rec2.jsonl
       python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant perturbed \
-        --mode record --record-file $W/rec1.jsonl 2>&1 | tail -14 || rc=1
+        --mode record --record-file $W/rec1.jsonl 2>&1 | tail -75 || rc=1
       build_triton $W/triton2.nojit --add-keys $W/rec1.jsonl 2>&1 | tail -4 || rc=1
       python3 tests/gpu/check_triton.py --bundle $W/triton2.nojit --sources $MAP --parallel 8 --variant perturbed \
-        --mode record --record-file $W/rec2.jsonl 2>&1 | tail -14 || rc=1
+        --mode record --record-file $W/rec2.jsonl 2>&1 | tail -75 || rc=1
       cp $W/rec1.jsonl $W/rec2.jsonl "$OUT/" 2>/dev/null
       python3 - $W/rec1.jsonl $W/rec2.jsonl <<'PY'
 import collections, json, sys
