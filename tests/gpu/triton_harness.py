@@ -84,6 +84,11 @@ def _stored_params(fn: Any, depth: int = 0, calls: tuple[str, ...] = _STORES) ->
     return out
 
 
+def read_modify_write_names(fn: Any) -> set[str]:
+    """Parameters the kernel both loads from and stores to (its state changes from launch to launch)."""
+    return {fn.params[i].name for i in _stored_params(fn) & _stored_params(fn, calls=("load",))}
+
+
 def stored_pointer_names(fn: Any) -> set[str]:
     """Parameters the kernel only stores through (pure outputs, poisoned before a run), including
     inside @jit helpers. Buffers it also reads (read-modify-write) get valid input data instead."""
