@@ -13,22 +13,10 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 ffibuilder = FFI()
-ffibuilder.cdef(
-    """
-    int nojit_init(char *err, size_t errlen);
-    int nojit_driver_version(int *version, char *err, size_t errlen);
-    int nojit_ensure_context(int device, char *err, size_t errlen);
-    int nojit_load(const void *image, size_t image_size, const char *symbol, uint32_t dynamic_smem,
-                   uint64_t *module_out, uint64_t *function_out, int *num_regs_out,
-                   int *max_threads_out, char *err, size_t errlen);
-    int nojit_unload(uint64_t module, char *err, size_t errlen);
-    int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t grid_z,
-                     uint32_t block_x, uint32_t block_y, uint32_t block_z, uint32_t shared_bytes,
-                     uint64_t stream, const char *arg_types, const uint64_t *arg_values, int num_args,
-                     uint32_t cluster_x, uint32_t cluster_y, uint32_t cluster_z, int pdl,
-                     int cooperative, char *err, size_t errlen);
-    """
-)
+with open(os.path.join(HERE, "nojit_cuda.h")) as header:
+    # One declaration of the API: the header's marked region is also the cdef.
+    text = header.read()
+ffibuilder.cdef(text.split("cdef-begin", 1)[1].split("*/", 1)[1].split("/* cdef-end */", 1)[0])
 ffibuilder.set_source(
     "nojit.loader._cuda_launcher",
     '#include "nojit_cuda.h"',

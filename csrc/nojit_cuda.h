@@ -25,6 +25,8 @@
 #define NOJIT_ERR_BAD_ARGUMENT (-2)
 #define NOJIT_ERR_OUT_OF_MEMORY (-3)
 
+/* cdef-begin: csrc/build_ffi.py hands the text up to cdef-end to cffi as the Python-visible API */
+
 /* Open libcuda.so.1, resolve the driver entry points, cuInit(0). Idempotent. */
 int nojit_init(char *err, size_t errlen);
 
@@ -57,5 +59,6 @@ int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t g
                  uint64_t stream, const char *arg_types, const uint64_t *arg_values, int num_args,
                  uint32_t cluster_x, uint32_t cluster_y, uint32_t cluster_z, int pdl,
                  int cooperative, char *err, size_t errlen);
+/* cdef-end */
 
 #endif /* NOJIT_CUDA_H */

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nojit.loader.errors import LaunchError
 
@@ -135,6 +136,38 @@ class CudaLauncher:
         )
         if rc:
             raise self._fail("kernel launch", rc)
+
+
+class BundledFunction:
+    """Base of a prepared bundle entry: its CUfunction per device, loaded on first use, and the
+    C entry point with an error buffer of its own (so launches allocate nothing)."""
+
+    def __init__(self, bundle: Any, entry: Any, symbol: str, dynamic_smem: int, threads_per_block: int | None) -> None:
+        self.entry = entry
+        self._bundle = bundle
+        self._symbol = symbol
+        self._dynamic_smem = dynamic_smem
+        self._threads = threads_per_block
+        self._functions: dict[int, int] = {}
+        lch = launcher()
+        self._c_launch = lch.c_launch
+        self._err = lch.new_error_buffer()
+
+    def load(self, device: int) -> int:
+        """The CUfunction for `device`, loading the module on first use."""
+        f = self._functions.get(device)
+        if f is None:
+            blob = self.entry.blob
+            loaded = launcher().function(device, blob, lambda: self._bundle.read_blob(blob), self._symbol,
+                                         self._dynamic_smem)
+            if self._threads and loaded.max_threads and self._threads > loaded.max_threads:
+                raise LaunchError(f"{self.entry.kernel}: {self._threads} threads per block, the cubin allows "
+                                  f"{loaded.max_threads}", fix="rebuild the bundle; this cubin is inconsistent")
+            f = self._functions[device] = loaded.function
+        return f
+
+    def _failed(self, rc: int) -> LaunchError:
+        return launcher().error(self._err, f"launching {self.entry.kernel}", rc)
 
 
 def _fix_for(message: str) -> str:

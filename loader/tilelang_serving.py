@@ -24,7 +24,7 @@ import types
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle
-from nojit.loader.cuda_launch import launcher
+from nojit.loader.cuda_launch import BundledFunction
 from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError, LaunchError, NoJitError
 from nojit.loader.launch_expr import evaluate
 from nojit.loader.manifest import Entry, KernelRecord, TileLangLaunch
@@ -42,15 +42,14 @@ _ERRLEN = 512
 _CTYPE_CODE = {"int32": "i", "int64": "l"}
 
 
-class TileLangVariant:
+class TileLangVariant(BundledFunction):
     """One bundled cubin and its launch plan, prepared for cheap launches."""
 
     def __init__(self, entry: Entry, bundle: Bundle, tensor_order: tuple[str, ...]) -> None:
         launch = entry.launch
         assert isinstance(launch, TileLangLaunch)
-        self.entry = entry
+        super().__init__(bundle, entry, launch.symbol, launch.dynamic_smem, None)
         self.launch = launch
-        self._bundle = bundle
         index = {name: i for i, name in enumerate(tensor_order)}
         missing = [p["name"] for p in launch.params if p["kind"] == "tensor" and p["name"] not in index]
         if missing:
@@ -67,18 +66,6 @@ class TileLangVariant:
             (index[t["name"]], getattr(torch, t["dtype"]), len(t["shape"])) for t in launch.tensor_params
             if t["name"] in index
         )
-        self._functions: dict[int, int] = {}
-        lch = launcher()
-        self._c_launch = lch.c_launch
-        self._err = lch.new_error_buffer()
-
-    def load(self, device: int) -> int:
-        f = self._functions.get(device)
-        if f is None:
-            loaded = launcher().function(device, self.entry.blob, lambda: self._bundle.read_blob(self.entry.blob),
-                                         self.launch.symbol, self.launch.dynamic_smem)
-            f = self._functions[device] = loaded.function
-        return f
 
     def _dims(self, exprs: tuple, values: dict[str, int]) -> tuple[int, int, int]:
         if self._simple_geometry:
@@ -114,7 +101,7 @@ class TileLangVariant:
                             current_stream(device), self._types, args, len(args), cluster[0], cluster[1], cluster[2],
                             int(self.launch.pdl), int(self.launch.cooperative), self._err, _ERRLEN)
         if rc:
-            raise launcher().error(self._err, f"launching {self.entry.kernel}", rc)
+            raise self._failed(rc)
 
 
 class TileLangKernelServer:

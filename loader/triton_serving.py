@@ -17,7 +17,7 @@ import struct
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle
-from nojit.loader.cuda_launch import launcher
+from nojit.loader.cuda_launch import BundledFunction
 from nojit.loader.errors import LaunchError
 from nojit.loader.manifest import Entry, KernelRecord, TritonLaunch
 from nojit.loader.policy import ServingPolicy
@@ -58,15 +58,14 @@ def _make_packer(args: tuple[tuple[int, str], ...]) -> Any:
     return namespace["pack"]
 
 
-class TritonVariant:
+class TritonVariant(BundledFunction):
     """One bundled cubin with everything needed to launch it."""
 
     def __init__(self, entry: Entry, bundle: Bundle) -> None:
         launch = entry.launch
         assert isinstance(launch, TritonLaunch)
-        self.entry = entry
+        super().__init__(bundle, entry, launch.symbol, launch.shared, 32 * launch.num_warps)
         self.launch = launch
-        self._bundle = bundle
         self._pack = _make_packer(launch.args)
         self._types = ("".join(code for _, code in launch.args) + "pp").encode()
         self._nargs = len(launch.args) + 2
@@ -76,23 +75,6 @@ class TritonVariant:
         self._pdl = int(launch.launch_pdl)
         self._coop = int(launch.launch_cooperative_grid)
         self._scratch = launch.global_scratch_size > 0 or launch.profile_scratch_size > 0
-        self._functions: dict[int, int] = {}
-        lch = launcher()
-        self._c_launch = lch.c_launch
-        self._err = lch.new_error_buffer()
-
-    def load(self, device: int) -> int:
-        """The CUfunction for `device`, loading the module on first use."""
-        f = self._functions.get(device)
-        if f is None:
-            launch = self.launch
-            loaded = launcher().function(device, self.entry.blob, lambda: self._bundle.read_blob(self.entry.blob),
-                                         launch.symbol, launch.shared)
-            if loaded.max_threads and self._block_x > loaded.max_threads:
-                raise LaunchError(f"{self.entry.kernel}: {self._block_x} threads per block, the cubin allows "
-                                  f"{loaded.max_threads}", fix="rebuild the bundle; this cubin is inconsistent")
-            f = self._functions[device] = loaded.function
-        return f
 
     def __call__(self, bound: tuple[Any, ...], grid: Any) -> None:
         n = len(grid)
@@ -117,7 +99,7 @@ class TritonVariant:
                             current_stream(device), self._types, values, self._nargs, cluster[0], cluster[1],
                             cluster[2], self._pdl, self._coop, self._err, _ERRLEN)
         if rc:
-            raise launcher().error(self._err, f"launching {self.entry.kernel}", rc)
+            raise self._failed(rc)
         del keep  # the caching allocator keeps stream order: freeing after enqueue is safe
 
     def _scratch_buffers(self, programs: int, device: int) -> list[Any]:
