@@ -38,6 +38,7 @@ from typing import Any
 
 from nojit.aot.tilelang_enumerate import TileLangVariant, kernel_module, resolve
 from nojit.loader.errors import BuildError
+from nojit.loader.settings import scope
 
 TARGET: dict[str, str] = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -224,20 +225,6 @@ def _capturing_host_ir() -> Iterator[list[Any]]:
         yield captured
     finally:
         lower_mod.host_codegen = original
-
-
-@contextlib.contextmanager
-def _env(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # ----------------------------------------------------------------------------- launch plan
@@ -448,7 +435,7 @@ def compile_variant(variant: TileLangVariant, workdir: str, *, lineinfo: bool = 
                          f"vllm.tilelang_utils passes {_get_pass_configs()}")
     target_json = json.dumps(TARGET)
     with (
-        _env(TILELANG_DISABLE_CACHE="1", TILELANG_DEFAULT_TARGET=target_json),
+        scope(TILELANG_DISABLE_CACHE="1", TILELANG_DEFAULT_TARGET=target_json),
         tvm.target.Target(TARGET),
         _nvcc_at_fixed_path(workdir, lineinfo) as nvcc_runs,
         _capturing_host_ir() as host_mods,

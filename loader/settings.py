@@ -95,20 +95,21 @@ class Settings:
 settings = Settings()
 
 
+def _set(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 @contextlib.contextmanager
 def scope(**values: str | None) -> Iterator[None]:
-    """Temporarily set (or, with None, unset) NOJIT_* variables: `scope(NOJIT_MODE="record")`."""
+    """Temporarily set (or, with None, unset) environment variables: `scope(NOJIT_MODE="record")`."""
     saved = {name: os.environ.get(name) for name in values}
     try:
         for name, value in values.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+            _set(name, value)
         yield
     finally:
         for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+            _set(name, value)
