@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,12 +164,21 @@ def kernel_info(fn: Any, owner: str | None, site: str) -> TritonKernelInfo:
         "constexpr": [p.num for p in fn.params if p.is_constexpr],
         "do_not_specialize": [p.num for p in fn.params if p.do_not_specialize],
         "do_not_specialize_on_alignment": [p.num for p in fn.params if p.do_not_specialize_on_alignment],
-        "file": inspect.getsourcefile(fn.fn) or "",
+        "file": _package_relative(inspect.getsourcefile(fn.fn) or ""),
         "site": site,
     }
     if owner is not None:
         info["owner"] = owner
     return TritonKernelInfo(kernel_id(fn), fn.cache_key, tuple(p.name for p in fn.params), info)
+
+
+def _package_relative(path: str) -> str:
+    """A source path relative to the directory holding its top-level package (vllm/...), so the
+    manifest does not depend on where the environment is installed."""
+    import vllm
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(vllm.__file__)))
+    return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
 
 
 def enumerate_derived(derived: Any, deployment: Deployment) -> list[TritonRequest]:

@@ -42,7 +42,7 @@ def extract_kernels(plan_path: str, extractor: str, out_dir: str) -> tuple[int, 
         if k["runtime"] != "triton":
             continue
         qualname = kid.partition(":")[2]
-        src = k["info"]["file"]
+        src = os.path.join(site, k["info"]["file"])  # relative to the directory holding vllm/
         name = kid.replace(":", "__").replace(".", "_")
         target = os.path.join(out_dir, f"{name}.py")
         p = subprocess.run([sys.executable, extractor, src, qualname, "-o", target, "--root", site],
