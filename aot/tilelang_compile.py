@@ -449,7 +449,7 @@ def compile_variant(variant: TileLangVariant, workdir: str, *, lineinfo: bool = 
     run = nvcc_runs[0]
     _check_cubin(run.cubin)
     plan = _launch_plan(kernel.prim_func, host_mods[0], kernel.artifact.device_mod)
-    if f'extern "C" __global__' not in run.code or plan["symbol"] not in run.code:
+    if 'extern "C" __global__' not in run.code or plan["symbol"] not in run.code:
         raise BuildError(f"{variant.variant_id}: {plan['symbol']} is not an extern C kernel of the source")
     used = {p["name"] for p in plan["params"] if p["kind"] == "tensor"}
     record = {

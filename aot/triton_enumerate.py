@@ -22,6 +22,7 @@ from nojit.aot.triton_kernels import TritonOwner
 from nojit.aot.triton_offline import key_for_call
 from nojit.aot.vllm_env import import_kernel_module
 from nojit.loader.errors import BuildError, NoJitError
+from nojit.loader.install import jit_function_of  # noqa: F401  (re-exported for the build)
 from nojit.loader.triton_key import Key, UnsupportedArgument
 
 
@@ -196,14 +197,6 @@ def enumerate_derived(derived: Any, deployment: Deployment) -> list[TritonReques
             raise BuildError(f"derived call of {derived.kernel} does not bind: {exc}",
                              fix="fix the row in aot/triton_derived.py") from None
     return out
-
-
-def jit_function_of(obj: Any) -> Any:
-    from triton.runtime.jit import JITFunction
-
-    while obj is not None and not isinstance(obj, JITFunction):
-        obj = getattr(obj, "fn", None)
-    return obj
 
 
 def dedupe(requests: list[TritonRequest]) -> list[TritonRequest]:

@@ -144,7 +144,7 @@ def install(
         if tilelang_ids:
             from nojit.loader import tilelang_serving
 
-            inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, resolver, allow)  # filled as vLLM decorates
+            inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, allow)  # filled as vLLM decorates
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)

@@ -15,15 +15,13 @@ import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from nojit.loader.errors import KernelNotInBundleError
 from nojit.loader.settings import Mode
 
 log = logging.getLogger("nojit")
-
-OUTCOMES = ("exact", "generic", "miss")
-
 
 class KeyRecorder:
     """Appends one JSON line per distinct (kernel, key, outcome), safe across threads and ranks."""
@@ -68,11 +66,12 @@ class ServingPolicy:
         self.counts: Counter[tuple[str, str]] = Counter()
         self._warned: set[tuple[str, str]] = set()
 
-    def served(self, kernel: str, runtime: str, key_json: Any, outcome: str, source_hash: str) -> None:
-        """Called on hits when recording, and on every generic fallback."""
+    def served(self, kernel: str, runtime: str, key_json: Callable[[], Any], outcome: str, source_hash: str) -> None:
+        """Called on hits when recording, and on every generic fallback. key_json is called only when
+        recording, so a counted fallback costs no JSON conversion on the launch path."""
         self.counts[(kernel, outcome)] += 1
         if self.recorder is not None:
-            self.recorder.record(kernel, runtime, key_json, outcome, source_hash)
+            self.recorder.record(kernel, runtime, key_json(), outcome, source_hash)
 
     def miss(self, kernel: str, runtime: str, key_json: Any, key_text: str, source_hash: str, reason: str = "") -> None:
         """No entry serves this key. Raises in strict mode; otherwise warns once and returns."""

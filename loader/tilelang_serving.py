@@ -153,7 +153,7 @@ class TileLangKernelServer:
         if variant is None:
             return self._miss(key)(*args, **kwargs)
         if self.policy.recording:
-            self.policy.served(self.record.id, "tilelang", key_to_json(self.scalar_names, key), "exact",
+            self.policy.served(self.record.id, "tilelang", lambda: key_to_json(self.scalar_names, key), "exact",
                                self.record.source_hash)
         variant(tensors)
         return None
@@ -276,7 +276,7 @@ def _stub_utils_module() -> types.ModuleType:
     return stub
 
 
-def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, resolver: Any,
+def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy,
             allow: frozenset[str]) -> dict[str, TileLangKernelServer]:
     """Route vLLM's TileLang kernels to the bundle. Returns the live servers dict (filled as vLLM decorates)."""
     _state.bundle, _state.ids, _state.policy, _state.allow = bundle, set(kernel_ids), policy, allow

@@ -179,9 +179,9 @@ class TritonKernelServer:
             variant = self.generic.get((generic_spec(spec, self._runtime_param), key[1]))
             if variant is None:
                 return self._miss(key, "", args, kwargs, grid, warmup)
-            self.policy.served(self.record.id, "triton", key_to_json(key), "generic", self.record.source_hash)
+            self.policy.served(self.record.id, "triton", lambda: key_to_json(key), "generic", self.record.source_hash)
         elif self.policy.recording:
-            self.policy.served(self.record.id, "triton", key_to_json(key), "exact", self.record.source_hash)
+            self.policy.served(self.record.id, "triton", lambda: key_to_json(key), "exact", self.record.source_hash)
         if warmup:
             return variant
         if callable(grid):

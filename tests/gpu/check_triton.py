@@ -145,7 +145,7 @@ def _time_exact_vs_generic(server, kwargs: dict, grid: tuple) -> dict:
     """Device time per launch (CUDA events, 200 launches) of the exact entry and the generic one, same arguments."""
     import torch
 
-    from nojit.loader.triton_key import generic_spec, options_key
+    from nojit.loader.triton_key import generic_spec
 
     bound, spec, options = server._binder(**kwargs)
     okey = server.options_key(options)
