@@ -21,7 +21,7 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.progress import Progress
 from nojit.loader.errors import BuildError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, Manifest, Producer, Target
-from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json
+from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec
 from nojit.loader.versions import installed_version
 
 PLAN_FORMAT = 1
@@ -196,7 +196,9 @@ def add_recorded_keys(plan: Plan, paths: list[str]) -> int:
 
 
 def add_generic_variants(plan: Plan) -> int:
-    """One universal variant per distinct (kernel, constexpr/dtype/None combination)."""
+    """Universal entries per distinct (kernel, constexpr/dtype/None combination): one laid out as
+    each divisibility pattern of its exact keys (bit-identical to the JIT on such calls) and one
+    with no marks at all (Triton's own cubin for a call with nothing specialized)."""
     added = 0
     for r in list(plan.requests):
         k = plan.kernels[r["kernel"]]
@@ -204,8 +206,8 @@ def add_generic_variants(plan: Plan) -> int:
             continue
         spec, options = key_from_json(r["key"])
         runtime_param = tuple(i not in set(k["info"]["constexpr"]) for i in range(len(spec)))
-        generic = (generic_spec(spec, runtime_param), options)
-        added += plan.add(r["kernel"], key_to_json(generic), "generic", "fallback")
+        for generic in (layout_spec(spec, runtime_param), generic_spec(spec, runtime_param)):
+            added += plan.add(r["kernel"], key_to_json((generic, options)), "generic", "fallback")
     return added
 
 
@@ -232,7 +234,7 @@ def _worker_init(facts: dict[str, Any] | None, cache_dir: str, source_map_path: 
     _worker_state["cache_dir"] = cache_dir
 
 
-def _compile_task(index: int, kernel: str, runtime: str, key: Any, extra: dict[str, Any]) -> dict[str, Any]:
+def _compile_task(index: int, kernel: str, runtime: str, key: Any, variant: str, extra: dict[str, Any]) -> dict[str, Any]:
     """Runs in a worker: compile one request, return a picklable result (or an error)."""
     import hashlib
 
@@ -243,7 +245,7 @@ def _compile_task(index: int, kernel: str, runtime: str, key: Any, extra: dict[s
             from nojit.aot.triton_offline import compile_key
 
             fn = jit_function_of(resolve_kernel(kernel, _worker_state["source_map"]))
-            compiled = compile_key(fn, key_from_json(key))
+            compiled = compile_key(fn, key_from_json(key), divisibility_assumed=variant == "exact")
             return {"index": index, "cubin": compiled.cubin, "launch": compiled.launch.to_json(),
                     "source_hash": fn.cache_key, "tool": {"ptxas": compiled.ptxas_version},
                     "sha": hashlib.sha256(compiled.cubin).hexdigest()}
@@ -273,7 +275,8 @@ def compile_plan(plan: Plan, opts: BuildOptions) -> list[dict[str, Any]]:
     with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
                              initargs=(facts, opts.cache_dir, opts.kernel_sources, has_tilelang)) as pool:
         futures = [
-            pool.submit(_compile_task, i, r["kernel"], plan.kernels[r["kernel"]]["runtime"], r["key"], r.get("extra", {}))
+            pool.submit(_compile_task, i, r["kernel"], plan.kernels[r["kernel"]]["runtime"], r["key"], r["variant"],
+                        r.get("extra", {}))
             for i, r in order
         ]
         errors = []

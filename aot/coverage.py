@@ -44,17 +44,20 @@ def compute(plan: Any, bundle: Bundle) -> list[KernelCoverage]:
     """Per kernel: the reachable keys of `plan` against the entries of `bundle`."""
     m = bundle.manifest
     exact: dict[str, set[str]] = defaultdict(set)
-    generic: dict[str, set[Any]] = defaultdict(set)
+    generic: dict[str, set[Any]] = defaultdict(set)  # the generic groups (generic_spec, options) served
+    generic_entries: dict[str, int] = defaultdict(int)
     for e in m.entries:
         text = canonical_json(e.key).decode()
         if e.variant == "exact":
             exact[e.kernel].add(text)
         else:
-            generic[e.kernel].add(key_from_json(e.key))
+            spec, options = key_from_json(e.key)
+            generic[e.kernel].add((generic_spec(spec, _runtime_params(m.kernels[e.kernel].info, len(spec))), options))
+            generic_entries[e.kernel] += 1
     rows: dict[str, KernelCoverage] = {}
     for kid in sorted(set(plan.kernels) | set(m.kernels)):
         runtime = (plan.kernels.get(kid) or {}).get("runtime") or m.kernels[kid].runtime
-        rows[kid] = KernelCoverage(kid, runtime, generic_entries=len(generic[kid]))
+        rows[kid] = KernelCoverage(kid, runtime, generic_entries=generic_entries[kid])
     for r in plan.requests:
         if r["variant"] != "exact":
             continue
@@ -77,10 +80,14 @@ def compute(plan: Any, bundle: Bundle) -> list[KernelCoverage]:
     return list(rows.values())
 
 
+def _runtime_params(info: dict[str, Any], n: int) -> tuple[bool, ...]:
+    constexpr = set(info.get("constexpr", []))
+    return tuple(i not in constexpr for i in range(n))
+
+
 def _served_generically(request: dict[str, Any], plan: Any, generics: set[Any]) -> bool:
     spec, options = key_from_json(request["key"])
-    constexpr = set(plan.kernels[request["kernel"]]["info"].get("constexpr", []))
-    return (generic_spec(spec, tuple(i not in constexpr for i in range(len(spec)))), options) in generics
+    return (generic_spec(spec, _runtime_params(plan.kernels[request["kernel"]]["info"], len(spec))), options) in generics
 
 
 def totals(rows: list[KernelCoverage]) -> dict[str, Any]:

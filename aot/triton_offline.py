@@ -5,6 +5,13 @@ uses those same functions of the installed Triton (3.6 and 3.8 differ in `_pack_
 details that change the compile hash), with the target stated instead of read from a
 driver. The result carries everything the loader's launcher needs, and the parameter
 layout is checked against the PTX prototype the compiler itself emitted.
+
+Generic (universal) entries are compiled from a spec whose 'D' marks are layout hints
+only (see `layout_spec` in nojit.loader.triton_key): Triton chooses its layouts with them,
+as the JIT does for a call with that divisibility, and they are then removed from the
+kernel's signature before lowering, so the code assumes no alignment or divisibility.
+Same layouts mean each thread holds the same elements and reduces them in the same order,
+which is what makes a generic entry bit-identical to the JIT on such a call.
 """
 
 from __future__ import annotations
@@ -123,12 +130,55 @@ class CompiledTriton:
     cubin: bytes
     launch: TritonLaunch
     ptxas_version: str
+    ttgir: str = ""  # the TTGIR lowered (for inspection and tests; not bundled)
 
 
-def compile_key(fn: Any, key: Key) -> CompiledTriton:
-    """Compile `fn` for exactly this key, for sm_90, through the installed Triton."""
+# Ops whose lowering fixes a memory access width chosen before lowering (asynchronous copies
+# into shared memory, TMA): a layout-hinted generic compile is not safe for these.
+_WIDTH_FIXED_OPS = re.compile(r"\b(ttg\.async_copy\w*|ttng\.async_tma\w*|ttng\.tensormap\w*|tt\.descriptor\w*|"
+                              r"tt\.make_tensor_descriptor|ttng\.tma\w*)\b")
+_ARG_DIVISIBILITY = re.compile(r" \{tt\.divisibility = \d+ : i32\}")
+
+
+def strip_signature_divisibility(ttgir: str) -> str:
+    """The kernel's TTGIR with the divisibility assumptions on its parameters removed.
+
+    Only the `tt.func` signature is touched: `tl.multiple_of` hints inside the body are the
+    kernel author's promise and stay.
+    """
+    lines = ttgir.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("tt.func public"):
+            lines[i] = _ARG_DIVISIBILITY.sub("", line)
+            if "tt.divisibility" in lines[i].split(") attributes", 1)[0].split(")  {", 1)[0]:
+                raise BuildError("a TTGIR kernel signature kept a divisibility assumption",
+                                 fix="this Triton prints signatures differently: report the Triton version")
+            return "".join(lines)
+    raise BuildError("no public tt.func in the TTGIR", fix="report the kernel and Triton version to nojit")
+
+
+def _ast_options(fn: Any, specialization: list, options_items: Any, backend: Any) -> tuple:
+    kwargs = {name: constexpr_value(tagged) for name, tagged in options_items}
+    bound_args = {p.name: (v if t == "constexpr" else None) for p, (t, v) in zip(fn.params, specialization)}
+    return fn._pack_args(backend, dict(kwargs), bound_args, specialization, kwargs)
+
+
+def _ast_compile(fn: Any, specialization: list, options_items: Any, target: Any, backend: Any) -> Any:
+    """What the JIT does for a call with this specialization: `_pack_args`, ASTSource, compile."""
     import triton
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import ASTSource
+
+    options, signature, constexprs, attrs = _ast_options(fn, specialization, options_items, backend)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
+def compile_key(fn: Any, key: Key, divisibility_assumed: bool = True) -> CompiledTriton:
+    """Compile `fn` for exactly this key, for sm_90, through the installed Triton.
+
+    With divisibility_assumed=False (generic entries) the key's 'D' marks steer layouts only
+    and the cubin is correct for any alignment (see the module docstring).
+    """
+    from triton.compiler import make_backend
 
     target = gpu_target()
     backend = make_backend(target)
@@ -139,11 +189,15 @@ def compile_key(fn: Any, key: Key) -> CompiledTriton:
             fix="the recorded key is from another version of this kernel: record it again",
         )
     specialization = to_triton_specialization(spec)
-    kwargs = {name: constexpr_value(tagged) for name, tagged in options_items}
-    bound_args = {p.name: (v if t == "constexpr" else None) for p, (t, v) in zip(fn.params, specialization)}
-    options, signature, constexprs, attrs = fn._pack_args(backend, dict(kwargs), bound_args, specialization, kwargs)
-    src = ASTSource(fn, signature, constexprs, attrs)
-    compiled = triton.compile(src, target=target, options=options.__dict__)
+    compiled = _ast_compile(fn, specialization, options_items, target, backend)
+    if not divisibility_assumed and any(attr == "D" for _ty, attr in specialization):
+        if _WIDTH_FIXED_OPS.search(compiled.asm["ttgir"]):
+            # Access widths get fixed before lowering: keep nothing of the hints (Triton's plain compile).
+            plain = [(ty, "" if attr == "D" else attr) for ty, attr in specialization]
+            compiled = _ast_compile(fn, plain, options_items, target, backend)
+        else:
+            options = _ast_options(fn, specialization, options_items, backend)[0]
+            compiled = _lower_without_divisibility(compiled, target, options.__dict__)
     md = compiled.metadata
     if getattr(md, "tensordesc_meta", None):
         raise BuildError(f"{fn.__qualname__}: tensor-descriptor (TMA) arguments are not supported yet",
@@ -183,7 +237,21 @@ def compile_key(fn: Any, key: Key) -> CompiledTriton:
         args=tuple(args),
         compile_hash=str(compiled.hash),
     )
-    return CompiledTriton(bytes(compiled.asm["cubin"]), launch, ptxas_version())
+    return CompiledTriton(bytes(compiled.asm["cubin"]), launch, ptxas_version(), str(compiled.asm.get("ttgir", "")))
+
+
+def _lower_without_divisibility(hinted: Any, target: Any, options: dict[str, Any]) -> Any:
+    """Lower the hinted compile's TTGIR again, its signature's divisibility removed."""
+    import os
+    import tempfile
+
+    import triton
+
+    with tempfile.TemporaryDirectory(prefix="nojit-ttgir-") as tmp:
+        path = os.path.join(tmp, f"{hinted.metadata.name}.ttgir")
+        with open(path, "w") as f:
+            f.write(strip_signature_divisibility(hinted.asm["ttgir"]))
+        return triton.compile(path, target=target, options=options)
 
 
 _ptxas: str | None = None

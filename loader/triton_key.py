@@ -256,3 +256,19 @@ def generic_spec(spec: tuple[SpecItem, ...], runtime_param: tuple[bool, ...]) ->
         else:  # annotated int carrying its value 1
             out.append((ty, ""))
     return tuple(out)
+
+
+def layout_spec(spec: tuple[SpecItem, ...], runtime_param: tuple[bool, ...]) -> tuple[SpecItem, ...]:
+    """The key of the generic entry laid out for calls like `spec`: its generic_spec with 'D' marks kept.
+
+    Triton picks layouts (which thread holds which elements, hence the order of a reduction)
+    from divisibility. A generic entry built from this spec keeps the marks for choosing
+    layouts only and assumes nothing in its code (nojit.aot.triton_offline), so it is
+    correct for any values and reduces in the same order as the JIT's cubin for `spec`.
+    """
+    return tuple((g[0], "D") if s[1] == "D" and g[1] == "" else g for s, g in zip(spec, generic_spec(spec, runtime_param)))
+
+
+def hint_agreement(a: tuple[SpecItem, ...], b: tuple[SpecItem, ...]) -> int:
+    """How many parameters two layout specs of one generic group mark alike (to pick the nearest entry)."""
+    return sum(x[1] == y[1] for x, y in zip(a, b))

@@ -27,9 +27,11 @@ from nojit.loader.triton_key import (
     Key,
     UnsupportedArgument,
     generic_spec,
+    hint_agreement,
     key_from_json,
     key_text,
     key_to_json,
+    layout_spec,
     make_binder,
     options_key,
 )
@@ -37,6 +39,7 @@ from nojit.loader.triton_key import (
 _pack_double = struct.Struct("<d").pack
 _unpack_u64 = struct.Struct("<Q").unpack
 _ERRLEN = 512
+_MAX_REMEMBERED_FALLBACKS = 4096  # distinct missed keys whose choice is cached (a bound, not a tuning)
 
 
 def _double_bits(v: Any) -> int:
@@ -144,10 +147,18 @@ class TritonKernelServer:
         self._instrumentation_mode = instrumentation_mode
         self._options: dict[tuple, tuple] = {}
         self.exact: dict[Key, TritonVariant] = {}
-        self.generic: dict[Key, TritonVariant] = {}
+        self.generic: dict[Key, TritonVariant] = {}  # by layout spec (see triton_key.layout_spec)
+        self._generic_groups: dict[Key, list[tuple[Key, TritonVariant]]] = {}  # by generic_spec
+        self._fallbacks: dict[Key, TritonVariant] = {}  # exact key -> the generic entry chosen for it
         for e in entries:
             key = key_from_json(e.key)
-            (self.exact if e.variant == "exact" else self.generic)[key] = TritonVariant(e, bundle)
+            variant = TritonVariant(e, bundle)
+            if e.variant == "exact":
+                self.exact[key] = variant
+            else:
+                self.generic[key] = variant
+                group = (generic_spec(key[0], self._runtime_param), key[1])
+                self._generic_groups.setdefault(group, []).append((key, variant))
         self._jit_run = type(fn).run  # the class's own run: the JIT path for permissive misses
 
     def options_key(self, options: dict[str, Any]) -> tuple:
@@ -176,7 +187,7 @@ class TritonKernelServer:
             return self._miss(None, str(exc), args, kwargs, grid, warmup)
         variant = self.exact.get(key)
         if variant is None:
-            variant = self.generic.get((generic_spec(spec, self._runtime_param), key[1]))
+            variant = self._fallbacks.get(key) or self.fallback_for(key)
             if variant is None:
                 return self._miss(key, "", args, kwargs, grid, warmup)
             self.policy.served(self.record.id, "triton", lambda: key_to_json(key), "generic", self.record.source_hash)
@@ -187,6 +198,21 @@ class TritonKernelServer:
         if callable(grid):
             grid = grid(dict(zip(self.names, bound)))
         variant(bound, grid)
+        return variant
+
+    def fallback_for(self, key: Key) -> TritonVariant | None:
+        """The generic entry serving `key`: the one laid out for its divisibility pattern if bundled
+        (bit-identical to the JIT's cubin for `key`), else the nearest pattern of its group."""
+        spec, okey = key
+        variant = self.generic.get((layout_spec(spec, self._runtime_param), okey))
+        if variant is None:
+            group = self._generic_groups.get((generic_spec(spec, self._runtime_param), okey))
+            if not group:
+                return None
+            wanted = layout_spec(spec, self._runtime_param)
+            variant = max(group, key=lambda kv: hint_agreement(kv[0][0], wanted))[1]
+        if len(self._fallbacks) < _MAX_REMEMBERED_FALLBACKS:
+            self._fallbacks[key] = variant
         return variant
 
     def _miss(self, key: Key | None, reason: str, args: tuple, kwargs: dict, grid: Any, warmup: bool) -> Any:

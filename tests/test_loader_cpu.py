@@ -84,6 +84,26 @@ def test_unaligned_pointer_falls_back_to_the_generic_entry(installed):
 
 
 @needs_vllm
+def test_generic_entry_is_chosen_by_the_call_divisibility(installed):
+    from nojit.loader.triton_key import generic_spec, key_from_json, layout_spec
+
+    inst = installed(mode="strict")
+    server = inst.triton[C128A]
+    (spec, okey), = list(server.exact)
+    rp = server._runtime_param
+    laid_out = (layout_spec(spec, rp), okey)
+    assert {key_from_json(v.entry.key) for v in server.generic.values()} == {laid_out, (generic_spec(spec, rp), okey)}
+    # The call's own divisibility pattern: the entry laid out for it.
+    assert key_from_json(server.fallback_for((spec, okey)).entry.key) == laid_out
+    # A pattern with no entry of its own (one pointer unaligned): the nearest pattern of its group.
+    index = next(i for i, (ty, attr) in enumerate(spec) if ty.startswith("*") and attr == "D")
+    unaligned = tuple((ty, "") if i == index else (ty, attr) for i, (ty, attr) in enumerate(spec))
+    assert key_from_json(server.fallback_for((unaligned, okey)).entry.key) == laid_out
+    # Nothing specialized at all: the unmarked entry (Triton's own cubin for such a call).
+    assert key_from_json(server.fallback_for((generic_spec(spec, rp), okey)).entry.key) == (generic_spec(spec, rp), okey)
+
+
+@needs_vllm
 def test_strict_miss_names_kernel_key_and_fix(installed):
     installed(mode="strict")
     with pytest.raises(KernelNotInBundleError) as info:

@@ -28,3 +28,13 @@ def every_kind(
         v = v + tl.load(maybe_ptr + offs)
     tl.store(q + offs, v)
     tl.store(p_noalign + offs, v)
+
+
+@triton.jit
+def row_logsumexp(out_ptr, x_ptr, stride, n, BLOCK: tl.constexpr):
+    """One row per program: a reduction whose order follows the layout Triton picks."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + offs, mask=offs < n, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    tl.store(out_ptr + row, m + tl.log(tl.sum(tl.exp(x - m), axis=0)))
