@@ -4,6 +4,7 @@
 #   triton   build the Triton bundle here with this machine's Triton (exact + generic entries), check every
 #            exact key against the JIT, check the generic entries on the same arguments, time them, benchmark
 #   generic  only the generic-entry check (with timing), after building the bundle
+#   misaligned  generic entries on inputs shifted off their alignment vs the JIT on the aligned originals
 #   record   record mode over perturbed keys (served by generic entries), rebuild with --add-keys, rerun:
 #            the rerun must need no generic entry
 #   tilelang mHC kernels of .device/tilelang.nojit against float64 references, TileLang absent
@@ -40,6 +41,11 @@ for step in "$@"; do
       build_triton $W/triton.nojit 2>&1 | tail -3
       python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant generic --time \
         --json "$OUT/check_generic.json" 2>&1 | tail -75 || rc=1
+      ;;
+    misaligned)
+      [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
+      python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant misaligned \
+        --json "$OUT/check_misaligned.json" 2>&1 | tail -75 || rc=1
       ;;
     record)
       rm -f $W/rec1.jsonl $W/rec2.jsonl

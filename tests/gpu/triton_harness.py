@@ -25,12 +25,20 @@ import torch
 ELEMS = 1 << 17  # elements per buffer (more for kernels with wide constexpr rows, see buffer_elems)
 MAX_ELEMS = 1 << 21
 MARGIN = 1 << 13  # elements before the pointer, for small negative offsets
+INDEX_CAP = 64  # largest synthesized index value: INDEX_CAP x the widest stride (1025) < ELEMS
 GRID = (3, 2, 1)  # the largest grid used; kernels get only the axes they read (see grid_for)
 
-# Kernels that read device addresses out of their input buffers (vLLM's V2 block tables and
-# staged writes keep tables of pointers): random inputs cannot stand for those.
-POINTER_TABLE_KERNELS = ("_gather_block_tables_kernel", "_compute_slot_mappings_kernel", "_apply_write_kernel",
-                         "_zero_kv_blocks_kernel")
+# Parameters holding tables of device addresses (vLLM's V2 block tables, staged writes, KV
+# zeroing): each entry gets the address of one of TABLE_TARGETS int32 buffers of its own, in
+# both processes, and the table's bytes (addresses, which differ between processes) are not
+# compared; the target buffers are.
+ADDRESS_TABLES = {
+    "_gather_block_tables_kernel": ("src_block_table_ptrs", "dst_block_table_ptrs"),
+    "_compute_slot_mappings_kernel": ("block_table_ptrs",),
+    "_apply_write_kernel": ("output_ptr",),  # a table only with MULTI_GROUP (a *u64 parameter then)
+    "_zero_kv_blocks_kernel": ("seg_addrs_ptr",),
+}
+TABLE_TARGETS = 8
 
 
 def grid_for(fn: Any) -> tuple[int, int, int]:
@@ -121,6 +129,8 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
     elems = buffer_elems(spec)
     kwargs: dict[str, Any] = {}
     buffers: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
+    tables = _address_tables(fn, spec)
     for p, (ty, attr) in zip(fn.params, spec):
         if ty == "constexpr":
             kwargs[p.name] = constexpr_value(attr)
@@ -142,7 +152,17 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
                 # ranges; zeros in the margin before it.
                 steps = torch.randint(0, 3, (elems - offset,), generator=gen, device=device)
                 base.zero_()
-                base[offset:].copy_(torch.cumsum(steps, 0).clamp_(max=127 if dtype == torch.int8 else 1 << 20).to(dtype))
+                # Capped at INDEX_CAP: such values also index other tables and are scaled by strides
+                # (block table -> block number x stride), which must stay inside every buffer.
+                base[offset:].copy_(torch.cumsum(steps, 0).clamp_(max=INDEX_CAP).to(dtype))
+                if "stride" in p.name.lower():  # a table of row strides: rows as wide as scalar strides
+                    base[offset:].fill_(_int_of_class(p.name, "i32", "D", rng))
+            if p.name in tables and dtype in (torch.int64, torch.uint64):
+                mine = [_index_buffer(elems, gen, device) for _ in range(TABLE_TARGETS)]
+                addresses = torch.tensor([t[MARGIN:].data_ptr() for t in mine], dtype=torch.int64, device=device)
+                base.view(torch.int64)[offset:].copy_(addresses.repeat((elems - offset) // TABLE_TARGETS + 1)[: elems - offset])
+                base.nojit_address_table = True
+                targets += mine
             kwargs[p.name] = base[offset:]
             buffers.append(base)
         elif ty in ("fp32", "fp64", "fp16", "bf16"):
@@ -154,12 +174,55 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
     for name, tagged in options:
         if name not in ("debug", "instrumentation_mode"):
             kwargs[name] = constexpr_value(tagged)
-    return kwargs, buffers, outputs
+    return kwargs, buffers + targets, outputs
+
+
+def _address_tables(fn: Any, spec: Any) -> set[str]:
+    names = set(ADDRESS_TABLES.get(fn.__name__, ()))
+    constexprs = {p.name: attr for p, (ty, attr) in zip(fn.params, spec) if ty == "constexpr"}
+    if constexprs.get("MULTI_GROUP", ("bool", True))[1] is False:
+        names.discard("output_ptr")  # a data pointer then
+    return names
+
+
+def _index_buffer(elems: int, gen: Any, device: str) -> torch.Tensor:
+    steps = torch.randint(0, 3, (elems,), generator=gen, device=device)
+    return torch.cumsum(steps, 0).clamp_(max=INDEX_CAP).to(torch.int32)
+
+
+def misaligned_copies(fn: Any, key: Any, kwargs: dict[str, Any], buffers: list[torch.Tensor]
+                      ) -> tuple[dict[str, Any], list[torch.Tensor], int]:
+    """The same inputs off their 16-byte alignment: every pointer the key marks aligned ('D')
+    gets a copy of its whole buffer a few bytes further on. Returns the new
+    kwargs, the buffers to fingerprint (same bytes as the originals) and how many moved."""
+    out = dict(kwargs)
+    moved: list[torch.Tensor] = []
+    tensors = [p for p in fn.params if isinstance(kwargs.get(p.name), torch.Tensor)]
+    n = 0
+    for p, base in zip(tensors, buffers):
+        attr = dict(zip((q.name for q in fn.params), key[0]))[p.name][1]
+        if attr != "D":
+            moved.append(base)
+            continue
+        # 4 bytes off (one element for wider types): off any 8- or 16-byte vector alignment, but
+        # still 4-byte aligned, which kernels that store 32-bit words into byte buffers need.
+        shift = max(1, 4 // base.element_size())
+        bigger = torch.empty(base.numel() + shift, dtype=base.dtype, device=base.device)
+        bigger[shift:].copy_(base)
+        offset = kwargs[p.name].storage_offset() - base.storage_offset()
+        out[p.name] = bigger[shift + offset:]
+        same = bigger[shift:]
+        if getattr(base, "nojit_address_table", False):
+            same.nojit_address_table = True
+        moved.append(same)
+        n += 1
+    return out, moved + buffers[len(tensors):], n
 
 
 def fingerprint(buffers: list[torch.Tensor]) -> list[str]:
     torch.cuda.synchronize()
-    return [hashlib.sha256(b.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:32] for b in buffers]
+    return ["address table" if getattr(b, "nojit_address_table", False)
+            else hashlib.sha256(b.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:32] for b in buffers]
 
 
 def written_elements(fn: Any, buffers: list[torch.Tensor], kwargs: dict[str, Any], outputs: set[str]) -> int:
