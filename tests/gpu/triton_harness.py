@@ -41,6 +41,12 @@ ADDRESS_TABLES = {
 TABLE_TARGETS = 8
 
 
+# Kernels whose rows are as wide as a constexpr (a vocabulary) and are updated in place: their
+# row strides must be at least that wide, else programs on neighbouring rows overlap and race.
+WIDE_ROWS = {"_topk_topp_kernel": "VOCAB_SIZE"}
+MAX_ROWS = 49  # rows such a kernel may touch: row counts are synthesized below 49 (see _int_of_class)
+
+
 def grid_for(fn: Any) -> tuple[int, int, int]:
     """GRID restricted to the axes the kernel reads: a second program on an axis the kernel
     ignores would redo the same read-modify-writes and race with the first."""
@@ -103,13 +109,14 @@ def stored_pointer_names(fn: Any) -> set[str]:
     return {fn.params[i].name for i in _stored_params(fn) - _stored_params(fn, calls=("load",))}
 
 
-def _int_of_class(name: str, ty: str, attr: Any, rng: random.Random) -> int:
+def _int_of_class(name: str, ty: str, attr: Any, rng: random.Random, row: int = 1024) -> int:
     if ty != "i32":
         raise ValueError(f"{ty} arguments need values beyond 2^31; not synthesized")
     if "stride" in name.lower():
         # Row strides at least as wide as any row a kernel writes (vLLM's rows are padded to
         # their width): with narrower rows, programs writing neighbouring rows would race.
-        return {"D": 1024, "": 1025}.get(attr, 1024)
+        aligned = -(-row // 16) * 16
+        return aligned + 1 if attr == "" else aligned
     if attr == "D":
         return 16 * rng.randint(1, 3)
     if attr == "":
@@ -127,6 +134,10 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
     gen.manual_seed(seed)
     outputs = stored_pointer_names(fn)
     elems = buffer_elems(spec)
+    row = 1024
+    if fn.__name__ in WIDE_ROWS:
+        row = dict(zip((q.name for q in fn.params), spec))[WIDE_ROWS[fn.__name__]][1][1]
+        elems = max(elems, MAX_ROWS * (row + 16) + 2 * MARGIN)
     kwargs: dict[str, Any] = {}
     buffers: list[torch.Tensor] = []
     targets: list[torch.Tensor] = []
@@ -170,7 +181,7 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
         elif ty == "u1":
             kwargs[p.name] = bool(rng.getrandbits(1))
         else:
-            kwargs[p.name] = _int_of_class(p.name, ty, attr if isinstance(attr, str) or attr is None else "", rng)
+            kwargs[p.name] = _int_of_class(p.name, ty, attr if isinstance(attr, str) or attr is None else "", rng, row)
     for name, tagged in options:
         if name not in ("debug", "instrumentation_mode"):
             kwargs[name] = constexpr_value(tagged)
