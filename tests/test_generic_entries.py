@@ -87,3 +87,19 @@ def _vector_loads(cubin: bytes) -> int:
         f.flush()
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     return len(re.findall(r"LDG\.E\.(?:64|128)", sass))
+
+
+def test_kernels_with_asynchronous_copies_get_the_plain_generic_compile():
+    """Async copies into shared memory fix their width before lowering: hints cannot be kept safely."""
+    from nojit.aot.triton_offline import _WIDTH_FIXED_OPS, compile_key, install_offline_driver
+    from triton_test_kernels import tile_matmul
+
+    install_offline_driver()
+    runtime = (True, True, True, True, False)
+    spec = (("*fp32", "D"), ("*bf16", "D"), ("*bf16", "D"), ("i32", "D"), ("constexpr", ("int", 64)))
+    exact = compile_key(tile_matmul, (spec, ()), True)
+    hinted = compile_key(tile_matmul, (layout_spec(spec, runtime), ()), False)
+    plain = compile_key(tile_matmul, (generic_spec(spec, runtime), ()), False)
+    assert _WIDTH_FIXED_OPS.search(exact.ttgir)
+    assert not _WIDTH_FIXED_OPS.search(hinted.ttgir)
+    assert _normalized(hinted.ttgir) == _normalized(plain.ttgir) and hinted.cubin == plain.cubin
