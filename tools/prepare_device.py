@@ -47,6 +47,13 @@ def extract_kernels(plan_path: str, extractor: str, out_dir: str) -> tuple[int, 
         target = os.path.join(out_dir, f"{name}.py")
         p = subprocess.run([sys.executable, extractor, src, qualname, "-o", target, "--root", site],
                            capture_output=True, text=True)
+        if p.returncode != 0 and "HAS_TRITON" in p.stderr:
+            # A helper module picks constants by `HAS_TRITON` (computed with importlib.util.find_spec,
+            # which the extractor cannot follow): extract from a copy of vLLM's sources where it is the
+            # literal True, as it is on the device. The kernel sources themselves are unchanged.
+            resolved = _sources_with_triton_resolved(site)
+            p = subprocess.run([sys.executable, extractor, os.path.join(resolved, k["info"]["file"]), qualname,
+                                "-o", target, "--root", resolved], capture_output=True, text=True)
         if p.returncode != 0:
             skipped.append(f"{kid}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else 'failed'}")
             continue
@@ -59,6 +66,26 @@ def extract_kernels(plan_path: str, extractor: str, out_dir: str) -> tuple[int, 
     with open(os.path.join(os.path.dirname(out_dir), "device.plan.json"), "w") as f:
         json.dump(device_plan, f, sort_keys=True)
     return len(mapping), skipped
+
+
+_resolved_root: str | None = None
+
+
+def _sources_with_triton_resolved(site: str) -> str:
+    """A temporary copy of vLLM's .py files with vllm/triton_utils/importing.py reduced to HAS_TRITON = True."""
+    global _resolved_root
+    if _resolved_root is None:
+        import atexit
+        import tempfile
+
+        _resolved_root = tempfile.mkdtemp(prefix="nojit-vllm-src-")
+        atexit.register(shutil.rmtree, _resolved_root, True)
+        shutil.copytree(os.path.join(site, "vllm"), os.path.join(_resolved_root, "vllm"),
+                        ignore=lambda d, names: [n for n in names if not n.endswith(".py")
+                                                 and not os.path.isdir(os.path.join(d, n)) or n == "__pycache__"])
+        with open(os.path.join(_resolved_root, "vllm", "triton_utils", "importing.py"), "w") as f:
+            f.write("HAS_TRITON = True\n")
+    return _resolved_root
 
 
 def copy_mhc_reference(out_dir: str) -> None:
