@@ -21,7 +21,7 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.progress import Progress
 from nojit.loader.errors import BuildError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, Manifest, Producer, Target
-from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec
+from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params
 from nojit.loader.versions import installed_version
 
 PLAN_FORMAT = 1
@@ -205,7 +205,7 @@ def add_generic_variants(plan: Plan) -> int:
         if k["runtime"] != "triton" or r["variant"] != "exact":
             continue
         spec, options = key_from_json(r["key"])
-        runtime_param = tuple(i not in set(k["info"]["constexpr"]) for i in range(len(spec)))
+        runtime_param = runtime_params(k["info"], len(spec))
         for generic in (layout_spec(spec, runtime_param), generic_spec(spec, runtime_param)):
             added += plan.add(r["kernel"], key_to_json((generic, options)), "generic", "fallback")
     return added

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle, canonical_json
-from nojit.loader.triton_key import generic_spec, key_from_json
+from nojit.loader.triton_key import generic_spec, key_from_json, runtime_params
 
 
 @dataclass
@@ -52,7 +52,7 @@ def compute(plan: Any, bundle: Bundle) -> list[KernelCoverage]:
             exact[e.kernel].add(text)
         else:
             spec, options = key_from_json(e.key)
-            generic[e.kernel].add((generic_spec(spec, _runtime_params(m.kernels[e.kernel].info, len(spec))), options))
+            generic[e.kernel].add((generic_spec(spec, runtime_params(m.kernels[e.kernel].info, len(spec))), options))
             generic_entries[e.kernel] += 1
     rows: dict[str, KernelCoverage] = {}
     for kid in sorted(set(plan.kernels) | set(m.kernels)):
@@ -80,14 +80,9 @@ def compute(plan: Any, bundle: Bundle) -> list[KernelCoverage]:
     return list(rows.values())
 
 
-def _runtime_params(info: dict[str, Any], n: int) -> tuple[bool, ...]:
-    constexpr = set(info.get("constexpr", []))
-    return tuple(i not in constexpr for i in range(n))
-
-
 def _served_generically(request: dict[str, Any], plan: Any, generics: set[Any]) -> bool:
     spec, options = key_from_json(request["key"])
-    return (generic_spec(spec, _runtime_params(plan.kernels[request["kernel"]]["info"], len(spec))), options) in generics
+    return (generic_spec(spec, runtime_params(plan.kernels[request["kernel"]]["info"], len(spec))), options) in generics
 
 
 def totals(rows: list[KernelCoverage]) -> dict[str, Any]:

@@ -150,26 +150,24 @@ def strip_signature_divisibility(ttgir: str) -> str:
     for i, line in enumerate(lines):
         if line.lstrip().startswith("tt.func public"):
             lines[i] = _ARG_DIVISIBILITY.sub("", line)
-            if "tt.divisibility" in lines[i].split(") attributes", 1)[0].split(")  {", 1)[0]:
+            if "tt.divisibility" in lines[i]:
                 raise BuildError("a TTGIR kernel signature kept a divisibility assumption",
                                  fix="this Triton prints signatures differently: report the Triton version")
             return "".join(lines)
     raise BuildError("no public tt.func in the TTGIR", fix="report the kernel and Triton version to nojit")
 
 
-def _ast_options(fn: Any, specialization: list, options_items: Any, backend: Any) -> tuple:
-    kwargs = {name: constexpr_value(tagged) for name, tagged in options_items}
-    bound_args = {p.name: (v if t == "constexpr" else None) for p, (t, v) in zip(fn.params, specialization)}
-    return fn._pack_args(backend, dict(kwargs), bound_args, specialization, kwargs)
-
-
-def _ast_compile(fn: Any, specialization: list, options_items: Any, target: Any, backend: Any) -> Any:
-    """What the JIT does for a call with this specialization: `_pack_args`, ASTSource, compile."""
+def _ast_compile(fn: Any, specialization: list, options_items: Any, target: Any, backend: Any) -> tuple[Any, dict]:
+    """What the JIT does for a call with this specialization: `_pack_args`, ASTSource, compile.
+    Returns the compiled kernel and the options it was compiled with."""
     import triton
     from triton.compiler import ASTSource
 
-    options, signature, constexprs, attrs = _ast_options(fn, specialization, options_items, backend)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__)
+    kwargs = {name: constexpr_value(tagged) for name, tagged in options_items}
+    bound_args = {p.name: (v if t == "constexpr" else None) for p, (t, v) in zip(fn.params, specialization)}
+    packed, signature, constexprs, attrs = fn._pack_args(backend, dict(kwargs), bound_args, specialization, kwargs)
+    options = packed.__dict__
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options), options
 
 
 def compile_key(fn: Any, key: Key, divisibility_assumed: bool = True) -> CompiledTriton:
@@ -189,15 +187,14 @@ def compile_key(fn: Any, key: Key, divisibility_assumed: bool = True) -> Compile
             fix="the recorded key is from another version of this kernel: record it again",
         )
     specialization = to_triton_specialization(spec)
-    compiled = _ast_compile(fn, specialization, options_items, target, backend)
+    compiled, options = _ast_compile(fn, specialization, options_items, target, backend)
     if not divisibility_assumed and any(attr == "D" for _ty, attr in specialization):
         if _WIDTH_FIXED_OPS.search(compiled.asm["ttgir"]):
             # Access widths get fixed before lowering: keep nothing of the hints (Triton's plain compile).
             plain = [(ty, "" if attr == "D" else attr) for ty, attr in specialization]
-            compiled = _ast_compile(fn, plain, options_items, target, backend)
+            compiled, _ = _ast_compile(fn, plain, options_items, target, backend)
         else:
-            options = _ast_options(fn, specialization, options_items, backend)[0]
-            compiled = _lower_without_divisibility(compiled, target, options.__dict__)
+            compiled = _lower_without_divisibility(compiled, target, options)
     md = compiled.metadata
     if getattr(md, "tensordesc_meta", None):
         raise BuildError(f"{fn.__qualname__}: tensor-descriptor (TMA) arguments are not supported yet",

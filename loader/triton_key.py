@@ -234,6 +234,13 @@ def key_text(key: Key) -> str:
     return f"({', '.join(parts)}) | {opts}" if opts else f"({', '.join(parts)})"
 
 
+def runtime_params(info: dict[str, Any], n: int) -> tuple[bool, ...]:
+    """Which of a kernel's n parameters are passed at run time, from its record's info["constexpr"]
+    (the indices the kernel declares tl.constexpr): the runtime_param of generic_spec and layout_spec."""
+    constexpr = set(info.get("constexpr", []))
+    return tuple(i not in constexpr for i in range(n))
+
+
 def generic_spec(spec: tuple[SpecItem, ...], runtime_param: tuple[bool, ...]) -> tuple[SpecItem, ...]:
     """The universal variant of a spec: no value 1 baked in, no divisibility or alignment assumed.
 

@@ -204,12 +204,12 @@ class TritonKernelServer:
         """The generic entry serving `key`: the one laid out for its divisibility pattern if bundled
         (bit-identical to the JIT's cubin for `key`), else the nearest pattern of its group."""
         spec, okey = key
-        variant = self.generic.get((layout_spec(spec, self._runtime_param), okey))
+        wanted = layout_spec(spec, self._runtime_param)
+        variant = self.generic.get((wanted, okey))
         if variant is None:
             group = self._generic_groups.get((generic_spec(spec, self._runtime_param), okey))
             if not group:
                 return None
-            wanted = layout_spec(spec, self._runtime_param)
             variant = max(group, key=lambda kv: hint_agreement(kv[0][0], wanted))[1]
         if len(self._fallbacks) < _MAX_REMEMBERED_FALLBACKS:
             self._fallbacks[key] = variant

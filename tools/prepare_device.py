@@ -81,11 +81,16 @@ def _sources_with_triton_resolved(site: str) -> str:
         _resolved_root = tempfile.mkdtemp(prefix="nojit-vllm-src-")
         atexit.register(shutil.rmtree, _resolved_root, True)
         shutil.copytree(os.path.join(site, "vllm"), os.path.join(_resolved_root, "vllm"),
-                        ignore=lambda d, names: [n for n in names if not n.endswith(".py")
-                                                 and not os.path.isdir(os.path.join(d, n)) or n == "__pycache__"])
+                        ignore=_all_but_python_sources)
         with open(os.path.join(_resolved_root, "vllm", "triton_utils", "importing.py"), "w") as f:
             f.write("HAS_TRITON = True\n")
     return _resolved_root
+
+
+def _all_but_python_sources(directory: str, names: list[str]) -> list[str]:
+    """copytree's ignore: every file but .py ones, and __pycache__ (folders are walked)."""
+    return [n for n in names
+            if n == "__pycache__" or (not n.endswith(".py") and not os.path.isdir(os.path.join(directory, n)))]
 
 
 def copy_mhc_reference(out_dir: str) -> None:

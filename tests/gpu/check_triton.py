@@ -47,7 +47,7 @@ def _entries(bundle_path: str, kernel: str, variant: str, plan: str | None):
     """(index, key, entry) to launch: the bundle's exact keys (from --plan's exact keys if given), or
     for `perturbed` each distinct generic form of them (no alignment or divisibility, no ints equal to 1)."""
     from nojit.loader.bundle_file import Bundle
-    from nojit.loader.triton_key import generic_spec, key_from_json
+    from nojit.loader.triton_key import generic_spec, key_from_json, runtime_params
 
     b = Bundle.open(bundle_path)
     rec = b.manifest.kernels[kernel]
@@ -59,7 +59,7 @@ def _entries(bundle_path: str, kernel: str, variant: str, plan: str | None):
     # Exact entries only: a generic entry laid out for a key with no value-1 argument has that key's JSON.
     by_key = {json.dumps(e.key, sort_keys=True): e for e in b.entries(kernel) if e.variant == "exact"}
     out, seen = [], set()
-    runtime = tuple(i not in set(rec.info.get("constexpr", [])) for i in range(len(rec.params)))
+    runtime = runtime_params(rec.info, len(rec.params))
     for i, k in enumerate(keys):
         key = key_from_json(k)
         if variant == "perturbed":
@@ -120,16 +120,16 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
             from nojit.loader.triton_key import layout_spec, options_key
 
             row["key_matches"] = (spec, options_key(options)) == key
-            if variant in ("generic", "misaligned"):
-                laid_out = (layout_spec(spec, server._runtime_param), server.options_key(options))
-                chosen = server.fallback_for((spec, server.options_key(options)))
-                row["served"] = ("generic" if chosen is not None and chosen is server.generic.get(laid_out)
+            okey = server.options_key(options)
+            laid_out_entry = server.generic.get((layout_spec(spec, server._runtime_param), okey))
+            if variant == "generic":
+                chosen = server.fallback_for((spec, okey))
+                row["served"] = ("generic" if chosen is not None and chosen is laid_out_entry
                                  else "generic (nearest)" if chosen is not None else "missing")
             if variant == "misaligned":
                 shifted_kwargs, buffers, row["shifted"] = misaligned_copies(fn, key, kwargs, buffers)
                 shifted, _spec, _options = server._binder(**{**shifted_kwargs, "debug": False,
                                                              "instrumentation_mode": ""})
-                laid_out_entry = server.generic.get(laid_out)
                 row["served"] = "generic" if laid_out_entry is not None else "missing"
                 if laid_out_entry is not None:
                     laid_out_entry(shifted, GRID)

@@ -161,15 +161,12 @@ def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict
                 # Non-decreasing small integers from the pointer on: valid offsets, lengths and
                 # cumulative starts at once, so programs of one launch do not race on overlapping
                 # ranges; zeros in the margin before it.
-                steps = torch.randint(0, 3, (elems - offset,), generator=gen, device=device)
                 base.zero_()
-                # Capped at INDEX_CAP: such values also index other tables and are scaled by strides
-                # (block table -> block number x stride), which must stay inside every buffer.
-                base[offset:].copy_(torch.cumsum(steps, 0).clamp_(max=INDEX_CAP).to(dtype))
+                base[offset:].copy_(_index_values(elems - offset, gen, device).to(dtype))
                 if "stride" in p.name.lower():  # a table of row strides: rows as wide as scalar strides
                     base[offset:].fill_(_int_of_class(p.name, "i32", "D", rng))
             if p.name in tables and dtype in (torch.int64, torch.uint64):
-                mine = [_index_buffer(elems, gen, device) for _ in range(TABLE_TARGETS)]
+                mine = [_index_values(elems, gen, device).to(torch.int32) for _ in range(TABLE_TARGETS)]
                 addresses = torch.tensor([t[MARGIN:].data_ptr() for t in mine], dtype=torch.int64, device=device)
                 base.view(torch.int64)[offset:].copy_(addresses.repeat((elems - offset) // TABLE_TARGETS + 1)[: elems - offset])
                 base.nojit_address_table = True
@@ -196,9 +193,12 @@ def _address_tables(fn: Any, spec: Any) -> set[str]:
     return names
 
 
-def _index_buffer(elems: int, gen: Any, device: str) -> torch.Tensor:
-    steps = torch.randint(0, 3, (elems,), generator=gen, device=device)
-    return torch.cumsum(steps, 0).clamp_(max=INDEX_CAP).to(torch.int32)
+def _index_values(n: int, gen: Any, device: str) -> torch.Tensor:
+    """n non-decreasing small integers (steps of 0-2), capped at INDEX_CAP: such values also index
+    other tables and are scaled by strides (block table -> block number x stride), which must stay
+    inside every buffer."""
+    steps = torch.randint(0, 3, (n,), generator=gen, device=device)
+    return torch.cumsum(steps, 0).clamp_(max=INDEX_CAP)
 
 
 def misaligned_copies(fn: Any, key: Any, kwargs: dict[str, Any], buffers: list[torch.Tensor]
@@ -209,10 +209,10 @@ def misaligned_copies(fn: Any, key: Any, kwargs: dict[str, Any], buffers: list[t
     out = dict(kwargs)
     moved: list[torch.Tensor] = []
     tensors = [p for p in fn.params if isinstance(kwargs.get(p.name), torch.Tensor)]
+    attrs = {q.name: attr for q, (_ty, attr) in zip(fn.params, key[0])}
     n = 0
     for p, base in zip(tensors, buffers):
-        attr = dict(zip((q.name for q in fn.params), key[0]))[p.name][1]
-        if attr != "D":
+        if attrs[p.name] != "D":
             moved.append(base)
             continue
         # 4 bytes off (one element for wider types): off any 8- or 16-byte vector alignment, but
