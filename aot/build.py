@@ -21,6 +21,7 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.progress import Progress
 from nojit.loader.errors import BuildError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, Manifest, Producer, Target
+from nojit.loader.toolchain import probe as probe_toolchain
 from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params
 from nojit.loader.versions import installed_version
 
@@ -307,6 +308,7 @@ def _producer(plan: Plan, tools: dict[str, str]) -> Producer:
         nvcc=tools.get("nvcc"),
         python=py_platform.python_version(),
         torch=installed_version("torch"),
+        toolchain=probe_toolchain() or None,  # replayed by strict mode's compiler stand-ins (loader/firewall.py)
     )
 
 

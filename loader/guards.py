@@ -4,16 +4,28 @@ Bundled kernels never reach a compiler, but anything else could: a kernel the bu
 not know, a key it lacks, a Triton helper that builds its C launcher with gcc, TileLang
 lowering, the driver JIT-compiling PTX. In strict mode every such entry point raises
 CompileForbiddenError naming what tried to compile, and the process cannot start a
-compiler binary at all (an audit hook refuses it before the process is created).
+compiler binary at all: an audit hook refuses it before the process is created (any path,
+versioned and target-prefixed names, `env gcc`, `sh -c "... gcc ..."`, os.system, os.popen;
+a version probe such as `nvcc --version` is let through), and firewall.py's stand-ins refuse
+what does not pass through Python. The guards cover Triton (every re-export of its compile),
+TileLang, CuTeDSL (`cutlass.cute.compile`) and Humming (its compile step; a cache hit stays),
+whether they are imported before or after `install_strict_guards()`: an import hook applies
+the guard when such a module finishes loading. All of it is Python-level patching done once;
+nothing runs on a kernel launch, so CUDA-graph capture is untouched.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import re
+import shlex
 import sys
 import threading
 from typing import Any
 
+from nojit.loader import firewall
 from nojit.loader.errors import CompileForbiddenError
 
 COMPILER_BINARIES = frozenset(
@@ -24,37 +36,108 @@ _FIX = (
     "`nojit build --add-keys`), or run with NOJIT_MODE=permissive to allow the JIT"
 )
 
-_lock = threading.Lock()
-_state: dict[str, Any] = {"audit": False, "triton": False, "tilelang": False, "active": False}
+_lock = threading.RLock()
+_state: dict[str, Any] = {"audit": False, "triton": False, "tilelang": False, "cute": False, "humming": False,
+                          "hook": False, "active": False}
 compile_attempts: list[str] = []
 
 
-def _forbid(what: str) -> CompileForbiddenError:
+def _forbid(what: str, event: dict[str, Any] | None = None) -> CompileForbiddenError:
     compile_attempts.append(what)
+    firewall.log_event({"event": "compile_forbidden", "what": what, **(event or {})})
     return CompileForbiddenError(f"strict mode: {what}", fix=_FIX)
 
 
-def _executable_of(args: Any) -> str:
-    if isinstance(args, (str, bytes, os.PathLike)):
-        first = os.fsdecode(args).split()[0] if os.fsdecode(args).strip() else ""
-    elif isinstance(args, (list, tuple)) and args:
-        first = os.fsdecode(args[0])
-    else:
-        return ""
-    return os.path.basename(first)
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "busybox"})
+# words that run the command that follows them (their own options and, for timeout, a duration skipped)
+_WRAPPERS = frozenset({"env", "exec", "command", "nice", "nohup", "time", "timeout", "stdbuf", "xargs", "setsid",
+                       "ionice", "chrt", "taskset", "unbuffer", "builtin"})
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", "|&", ";;", "\n"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
+_EXEC_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn"})
+
+
+def _compiler_in_argv(argv: list[str]) -> list[str] | None:
+    """The compiler command (argv) this command line starts, unless it is a version probe; None if none."""
+    i = 0
+    while i < len(argv):
+        word = os.path.basename(argv[i])
+        if _ASSIGNMENT.fullmatch(argv[i]):
+            i += 1  # VAR=value before the command
+            continue
+        if word in _SHELLS:
+            if "-c" in argv[i + 1:]:
+                j = argv.index("-c", i + 1)
+                return _compiler_in_shell(argv[j + 1]) if j + 1 < len(argv) else None
+            return None
+        if word in _WRAPPERS:
+            i += 1
+            while i < len(argv) and (argv[i].startswith("-") or "=" in argv[i]
+                                     or (word == "timeout" and argv[i][:1].isdigit())):
+                i += 1
+            continue
+        if firewall.family_of(word) is not None:
+            return None if firewall.is_version_probe([word, *argv[i + 1:]]) else argv[i:]
+        return None
+    return None
+
+
+def _compiler_in_shell(command: str) -> list[str] | None:
+    """The first compiler command a shell command line starts (every simple command is checked)."""
+    try:
+        lexer = shlex.shlex(command.replace("\n", " ; "), posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:
+        tokens = command.split()
+    simple: list[str] = []
+    i = 0
+    while i <= len(tokens):
+        tok = tokens[i] if i < len(tokens) else ";"
+        if tok and set(tok) <= set("<>&|;()") and ("<" in tok or ">" in tok):
+            if simple and simple[-1].isdigit():
+                simple.pop()  # the fd of 2>&1
+            i += 2  # the redirection and its target
+            continue
+        if tok in _SEPARATORS or tok.startswith(("$(", "`")):
+            found = _compiler_in_argv(simple) if simple else None
+            if found:
+                return found
+            simple = []
+        else:
+            simple.append(tok.lstrip("`").rstrip("`"))
+        i += 1
+    return None
+
+
+def _argv_of(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return [os.fsdecode(value)]
+    try:
+        return [os.fsdecode(a) for a in value]
+    except TypeError:
+        return []
 
 
 def _audit(event: str, args: tuple) -> None:
-    if not _state["active"]:
+    if event not in _EXEC_EVENTS or not _state["active"]:
         return
-    if event == "subprocess.Popen":
-        exe = _executable_of(args[0]) if args[0] is not None else _executable_of(args[1])
-        if exe in COMPILER_BINARIES or exe.endswith(("-gcc", "-g++")):
-            raise _forbid(f"a compiler process ({exe}) was about to start")
-    elif event in ("os.system", "os.posix_spawn", "os.exec"):
-        exe = _executable_of(args[0])
-        if exe in COMPILER_BINARIES:
-            raise _forbid(f"a compiler process ({exe}) was about to start")
+    if event == "os.system":
+        found = _compiler_in_shell(os.fsdecode(args[0]))
+    elif event == "subprocess.Popen":
+        argv = _argv_of(args[1])
+        if args[0] is not None and argv:
+            argv = [os.fsdecode(args[0]), *argv[1:]]  # what really runs is `executable`
+        found = _compiler_in_argv(argv)
+    else:  # os.exec / os.posix_spawn / os.spawn: (path, argv, env)
+        argv = _argv_of(args[1]) if len(args) > 1 else []
+        path = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else ""
+        found = _compiler_in_argv([path, *argv[1:]] if path else argv)
+    if found:
+        raise _forbid(f"a compiler process was about to start: {' '.join(found)[:500]}",
+                      {"tool": os.path.basename(found[0]), "argv": found[:64], "via": event})
 
 
 def install_strict_guards() -> None:
@@ -72,13 +155,58 @@ def install_strict_guards() -> None:
         if not _state["tilelang"] and "tilelang" in sys.modules:
             _guard_tilelang()
             _state["tilelang"] = True
+        if not _state["cute"] and "cutlass.cute" in sys.modules:
+            _guard_cute()
+            _state["cute"] = True
+        if not _state["humming"] and "humming.jit.compiler" in sys.modules:
+            _guard_humming()
+            _state["humming"] = True
+        if not _state["hook"]:
+            sys.meta_path.insert(0, _GuardOnImport())
+            _state["hook"] = True
+
+
+# module whose loading completes the guard of its library
+_GUARDED_ON_IMPORT = frozenset({"triton", "tilelang", "cutlass.cute", "humming.jit.compiler"})
+
+
+class _GuardOnImport(importlib.abc.MetaPathFinder):
+    """Applies the strict guards when Triton/TileLang/CuTeDSL/Humming is imported after install."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _GUARDED_ON_IMPORT or not _state["active"]:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_then_guard(module: Any) -> None:
+            run(module)
+            sys.modules.setdefault(fullname, module)
+            install_strict_guards()
+
+        try:
+            loader.exec_module = exec_then_guard  # per-spec loader object (SourceFileLoader etc.)
+        except AttributeError:
+            return spec
+        return spec
 
 
 _restore: list[tuple[Any, str, Any]] = []
 
 
 def _patch(obj: Any, name: str, value: Any) -> None:
-    _restore.append((obj, name, getattr(obj, name)))
+    own = vars(obj).get(name) if isinstance(obj, type) else None  # keep a classmethod a classmethod
+    _restore.append((obj, name, own if own is not None else getattr(obj, name)))
     setattr(obj, name, value)
 
 
@@ -86,10 +214,13 @@ def deactivate() -> None:
     """Undo the guards (uninstall, tests): restores what was patched; the audit hook goes inert."""
     with _lock:
         _state["active"] = False
+        firewall.deactivate()
         while _restore:
             obj, name, value = _restore.pop()
             setattr(obj, name, value)
-        _state["triton"] = _state["tilelang"] = False
+        _state["triton"] = _state["tilelang"] = _state["cute"] = _state["humming"] = False
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _GuardOnImport)]
+        _state["hook"] = False
 
 
 def _guard_triton() -> None:
@@ -105,8 +236,14 @@ def _guard_triton() -> None:
         raise _forbid(f"triton.compile was called for {name}")
 
     _patch(JITFunction, "_do_compile", no_do_compile)
-    _patch(compiler_mod, "compile", no_compile)
-    _patch(triton, "compile", no_compile)
+    original = compiler_mod.compile
+    for module in list(sys.modules.values()):  # every re-export: triton.compile, triton.compiler.compile, ...
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            if value is original:
+                _patch(module, name, no_compile)
     knobs = getattr(triton, "knobs", None)
     build = getattr(knobs, "build", None)
     if build is not None and hasattr(build, "impl"):
@@ -115,6 +252,26 @@ def _guard_triton() -> None:
             raise _forbid(f"Triton was about to build its C module {name} with a host compiler")
 
         _patch(build, "impl", no_build)
+
+
+def _guard_cute() -> None:
+    cute = sys.modules["cutlass.cute"]
+
+    def no_compile(*args: Any, **kwargs: Any) -> Any:
+        raise _forbid("CuTeDSL (cutlass.cute.compile) was about to compile a kernel")
+
+    _patch(cute, "compile", no_compile)
+
+
+def _guard_humming() -> None:
+    compiler = sys.modules["humming.jit.compiler"]
+
+    def no_compile(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _forbid(f"Humming ({cls.__name__}) was about to compile a kernel its cache does not hold")
+
+    for cls in vars(compiler).values():
+        if isinstance(cls, type) and "_compile" in vars(cls):
+            _patch(cls, "_compile", classmethod(no_compile))
 
 
 def _guard_tilelang() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError, NoJitError
+from nojit.loader import firewall
 from nojit.loader.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.settings import Mode, settings
@@ -131,6 +132,8 @@ def install(
         mode = Mode(mode) if mode is not None else settings.mode
         allow = settings.allow_mismatch if allow_mismatch is None else frozenset(allow_mismatch)
         bundle = Bundle.open(path)
+        if mode is Mode.STRICT:
+            firewall.activate(bundle.manifest)  # before anything imports a library that looks for compilers
         allowed = check_versions(bundle.manifest, path, RuntimeVersions.of_this_process(), allow)
         recorder = None
         if mode is Mode.RECORD:

@@ -93,9 +93,15 @@ class Producer:
     nvcc: str | None
     python: str
     torch: str | None
+    # tool -> version probe -> {"stdout", "stderr"}: what the build's compilers answered (loader/toolchain.py);
+    # strict mode's stand-ins replay it (loader/firewall.py). Optional: older bundles have none.
+    toolchain: dict[str, dict[str, dict[str, str]]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        data = dict(self.__dict__)
+        if data["toolchain"] is None:
+            del data["toolchain"]
+        return data
 
     @classmethod
     def from_json(cls, f: _Fields) -> Producer:
@@ -108,7 +114,22 @@ class Producer:
             nvcc=f.str("nvcc", optional=True),
             python=f.str("python"),
             torch=f.str("torch", optional=True),
+            toolchain=_toolchain(f),
         )
+
+
+def _toolchain(f: _Fields) -> dict[str, dict[str, dict[str, str]]] | None:
+    raw = f.get("toolchain", dict, optional=True)
+    if raw is None:
+        return None
+    for tool, probes in raw.items():
+        if not isinstance(probes, dict) or not all(
+            isinstance(streams, dict) and all(isinstance(k, str) and isinstance(v, str) and len(v) <= 65536
+                                              for k, v in streams.items())
+            for streams in probes.values()
+        ):
+            raise f._bad(f"toolchain.{tool}", "is not an object of version probes to {stdout, stderr} strings")
+    return raw
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,11 @@ class Settings:
         "Comma-separated producer facts the loader may ignore when they differ: "
         "vllm, triton, tilelang, arch, source. Default: none (refuse any mismatch).",
     )
+    event_log = _OptionalPath(
+        "NOJIT_EVENT_LOG", None,
+        "JSONL file strict mode appends one line to per refused compiler (default: <runtime dir>/events.jsonl, "
+        "see loader/firewall.py).",
+    )
     quiet = _Bool("NOJIT_QUIET", False, "Suppress the one-line summary the loader logs at install.")
 
 
