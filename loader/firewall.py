@@ -230,6 +230,10 @@ class FirewallReport:
     answered: tuple[str, ...]  # tool families whose version probes are answered
     real_toolkit: str | None
     created_here: bool
+    # the real tool each family would have run without the firewall (None: not installed). vLLM's
+    # has_flashinfer() takes an nvcc and a ninja on PATH as "FlashInfer's JIT can run": with the stand-ins it
+    # always finds them, so a process whose host has none must switch FlashInfer's JIT off (README, Use with vLLM).
+    host_tools: dict[str, str | None] = field(default_factory=dict)
     saved_env: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     def summary(self) -> str:
@@ -388,12 +392,13 @@ def activate(source: Any = None) -> FirewallReport:
             answers = os.path.join(fw, "answers")
             answered = tuple(sorted(os.listdir(answers))) if os.path.isdir(answers) else ()
             versions_from, real = "inherited", None
+        host = {t: toolchain_mod.find_tool(t) for t in ("nvcc", "ptxas", "ninja", "gcc", "g++", "cc", "c++")} if created else {}
         env = _variables(fw)
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         _repoint_loaded(fw)
         _active = FirewallReport(fw, os.path.join(fw, "bin"), log, names, env, versions_from, answered, real,
-                                 created, saved)
+                                 created, host, saved)
         return _active
 
 

@@ -236,3 +236,42 @@ def test_exec_trace_shows_no_real_compiler(strict, caller, tmp_path):
     assert len(compilers) >= 9, execs
     stand_in = os.path.realpath(os.path.join(strict.root, "nojit-stand-in"))
     assert all(os.path.realpath(p) == stand_in for p in compilers), compilers
+
+
+def test_bundle_without_toolchain_answers_with_the_installed_tools(tmp_path, monkeypatch):
+    """No record in the manifest: the stand-ins replay what the real tools printed before the firewall went up."""
+    from nojit.loader.manifest import Producer
+
+    real = shutil.which("nvcc")
+    if real is None:
+        pytest.skip("no nvcc installed")
+    expected = subprocess.run([real, "--version"], capture_output=True, text=True, check=True).stdout
+    monkeypatch.setenv("NOJIT_EVENT_LOG", str(tmp_path / "events.jsonl"))
+    monkeypatch.delenv("NOJIT_FIREWALL_DIR", raising=False)
+    producer = Producer(nojit="0", vllm=None, triton=None, tilelang=None, ptxas=None, nvcc=None, python="3.11",
+                        torch=None)
+    report = firewall.activate(producer)
+    try:
+        assert report.versions_from == "installed tools" and report.host_tools["nvcc"]
+        assert shutil.which("nvcc") == os.path.join(report.bin_dir, "nvcc")
+        assert subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout == expected
+        # a child process reuses the folder (vLLM's spawned workers)
+        child = subprocess.run([sys.executable, "-c", "from nojit.loader import firewall; r = firewall.activate(); "
+                                "print(r.root, r.versions_from)"], capture_output=True, text=True, check=True)
+        assert child.stdout.split() == [report.root, "inherited"]
+    finally:
+        firewall.deactivate()
+    assert shutil.which("nvcc") == real and "NOJIT_FIREWALL_DIR" not in os.environ
+
+
+def test_manifest_toolchain_round_trip_and_validation():
+    from nojit.loader.errors import BundleCorruptError
+    from nojit.loader.manifest import Producer, _Fields
+
+    base = dict(nojit="0", vllm=None, triton=None, tilelang=None, ptxas=None, nvcc=None, python="3.11", torch=None)
+    assert "toolchain" not in Producer(**base).to_json()  # older bundles' bytes stay the same
+    with_record = Producer(**base, toolchain=TOOLCHAIN)
+    assert Producer.from_json(_Fields(json.loads(json.dumps(with_record.to_json())), "producer", "b")) == with_record
+    bad = {**base, "toolchain": {"nvcc": {"--version": "text, not streams"}}}
+    with pytest.raises(BundleCorruptError, match="producer.toolchain.nvcc"):
+        Producer.from_json(_Fields(bad, "producer", "b"))
