@@ -54,6 +54,7 @@ hook in guards.py whatever the path).
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -63,8 +64,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from nojit.loader import toolchain as toolchain_mod
 from nojit.loader.errors import NoJitError
@@ -404,6 +406,26 @@ def activate(source: Any = None) -> FirewallReport:
 
 def active() -> FirewallReport | None:
     return _active
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def lowered_if_raises(fn: F) -> F:
+    """Decorator for install(): a firewall this call raised comes down again when the call fails
+    (a refused bundle must not leave PATH and CUDA_HOME pointing at stand-ins)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        was_up = _active is not None
+        try:
+            return fn(*args, **kwargs)
+        except BaseException:
+            if not was_up:
+                deactivate()
+            raise
+
+    return call  # type: ignore[return-value]
 
 
 def _remove_if_ours(fw: str, pid: int) -> None:

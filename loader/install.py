@@ -108,6 +108,7 @@ def current() -> Installation | None:
     return _current
 
 
+@firewall.lowered_if_raises
 def install(
     bundle_path: str | None = None,
     mode: Mode | str | None = None,

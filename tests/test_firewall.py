@@ -275,3 +275,22 @@ def test_manifest_toolchain_round_trip_and_validation():
     bad = {**base, "toolchain": {"nvcc": {"--version": "text, not streams"}}}
     with pytest.raises(BundleCorruptError, match="producer.toolchain.nvcc"):
         Producer.from_json(_Fields(bad, "producer", "b"))
+
+
+def test_a_failed_install_takes_its_firewall_down(tmp_path, monkeypatch):
+    from nojit.loader.install import install
+
+    monkeypatch.setenv("NOJIT_EVENT_LOG", str(tmp_path / "events.jsonl"))
+    calls = []
+
+    @firewall.lowered_if_raises
+    def failing_install():
+        calls.append(firewall.activate(TOOLCHAIN))
+        raise RuntimeError("bundle refused")
+
+    path_before = os.environ["PATH"]
+    with pytest.raises(RuntimeError):
+        failing_install()
+    assert calls and firewall.active() is None and os.environ["PATH"] == path_before
+    assert not os.path.exists(calls[0].root)
+    assert getattr(install, "__wrapped__", None) is not None  # install() carries the decorator
