@@ -226,8 +226,10 @@ def test_exec_trace_shows_no_real_compiler(strict, caller, tmp_path):
         f"{caller} popen 'nvcc --version'",
         "ninja -C build", "$CXX -c a.cc", "\"$CUDA_HOME/bin/ptxas\" x.ptx",
     ])
-    subprocess.run(["strace", "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace), "/bin/sh", "-c", script],
-                   capture_output=True, text=True, timeout=120)
+    done = subprocess.run(["strace", "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace), "/bin/sh", "-c",
+                           script], capture_output=True, text=True, timeout=120)
+    if not trace.exists() or "ptrace" in done.stderr.lower():
+        pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
     execs = []
     for line in trace.read_text().splitlines():
         if "execve(" in line and "= -1" not in line and "resumed" not in line:
