@@ -296,3 +296,33 @@ def test_a_failed_install_takes_its_firewall_down(tmp_path, monkeypatch):
     assert calls and firewall.active() is None and os.environ["PATH"] == path_before
     assert not os.path.exists(calls[0].root)
     assert getattr(install, "__wrapped__", None) is not None  # install() carries the decorator
+
+
+CUTE_HUMMING_AFTER_INSTALL = textwrap.dedent("""
+    import sys
+    from nojit.loader import guards
+    from nojit.loader.errors import CompileForbiddenError
+    assert "cutlass" not in sys.modules and "humming" not in sys.modules
+    guards.install_strict_guards()
+    import cutlass.cute as cute
+    import humming.jit.compiler as hc
+    refused = []
+    for name, call in [("cute", lambda: cute.compile(None)),
+                       *[(c.__name__, lambda c=c: c._compile("k.cu", "/nonexistent", 90, "k", []))
+                         for c in (hc.Compiler, hc.NVRTCCompiler, hc.NVCCCompiler)]]:
+        try:
+            call()
+        except CompileForbiddenError:
+            refused.append(name)
+    print("REFUSED", refused)
+""")
+
+
+def test_cutedsl_and_humming_guarded_when_imported_after_install():
+    """cutlass.cute.compile and Humming's compile step (a cache miss) raise; Humming's cache hits stay served."""
+    pytest.importorskip("cutlass.cute")
+    pytest.importorskip("humming.jit.compiler")
+    done = subprocess.run([sys.executable, "-c", CUTE_HUMMING_AFTER_INSTALL], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "REFUSED ['cute', 'Compiler', 'NVRTCCompiler', 'NVCCCompiler']" in done.stdout, done.stdout
