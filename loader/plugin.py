@@ -33,6 +33,10 @@ def register() -> None:
     from nojit.loader.install import install
 
     inst = install()
+    if "triton" in sys.modules:  # from now on Triton's driver questions are answered without building cuda_utils
+        from nojit.loader.triton_driver import answer_from_torch
+
+        answer_from_torch()
     vllm_registry.hook()
     if settings.quiet:
         return

@@ -51,6 +51,11 @@ class TorchAnsweredDriver:
 
         return device_capability(current_device() if device is None else device)
 
+    def set_current_device(self, device: int) -> None:
+        import torch
+
+        torch.cuda.set_device(device)
+
     def get_current_target(self) -> Any:
         from triton.backends.compiler import GPUTarget
 

@@ -44,11 +44,10 @@ UNSERVED: tuple[UnservedJit, ...] = (
         "indexer's MQA/paged logits (sparse_attn_indexer.py), tf32_hc_prenorm_gemm (mhc); compiles with nvcc "
         "(libc popen) in the profile run, deep_gemm_warmup (kernel_warmup.py) and capture",
         "refused: nvcc is a firewall stand-in, so DeepGEMM's compile fails at its first cold key",
-        (Switch("VLLM_DEEP_GEMM_WARMUP=skip", "DeepGEMM's own warmup compiles (kernel_warmup.py)",
-                "moves them to the profile run and capture; does not remove them",
-                "VLLM_DEEP_GEMM_WARMUP", "skip"),),
-        unavoidable="fp8_einsum (o_proj) has no fallback (utils/deep_gemm.py); VLLM_USE_DEEP_GEMM=0 breaks the "
-        "model. Strict mode serves DeepSeek-V4 only once DeepGEMM is bundled (issue 11)",
+        (),
+        unavoidable="fp8_einsum (o_proj) has no fallback (utils/deep_gemm.py), so VLLM_USE_DEEP_GEMM=0 breaks the "
+        "model, and VLLM_DEEP_GEMM_WARMUP=skip only moves the compiles to the profile run and capture. Strict mode "
+        "serves DeepSeek-V4 only once DeepGEMM is bundled (issue 11)",
     ),
     UnservedJit(
         "FlashInfer JIT (ninja + nvcc + c++)",

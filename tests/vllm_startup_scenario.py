@@ -34,6 +34,8 @@ def main() -> int:
     ap.add_argument("--plan", required=True, help="the bundle's plan (nojit build --emit-plan): which owners to register")
     ap.add_argument("--out", required=True)
     ap.add_argument("--extra-owner", action="append", default=[], help="also register these owner rows (not bundled)")
+    ap.add_argument("--extra-cutedsl", action="append", default=[], metavar="MODULE:ATTR",
+                    help="also register this CuTeDSL owner with no arguments (as attention.py:463 does)")
     ap.add_argument("--no-nojit", action="store_true")
     args = ap.parse_args()
     report: dict = {"pid": os.getpid()}
@@ -66,9 +68,14 @@ def run(args: argparse.Namespace, report: dict) -> None:
 
         dry = install_dry_run()
     t0 = time.perf_counter()
+    from nojit.aot.vllm_env import _neutral_platform
     from vllm.plugins import load_general_plugins
 
-    load_general_plugins()  # nojit's entry point, as every vLLM process calls it
+    # nojit's entry point, as every vLLM process calls it. vLLM's kernel modules run CUDA-only
+    # setup at import (vllm._C, absent on a CPU box): they are imported under vLLM's neutral
+    # platform, as nojit's build imports them; the deployment's answers apply again at call time.
+    with _neutral_platform():
+        load_general_plugins()
     report["plugin_seconds"] = time.perf_counter() - t0
 
     from nojit.aot.tilelang_enumerate import _register_like_deepseek_v4, MhcModelParams, kernel_module
@@ -90,6 +97,9 @@ def run(args: argparse.Namespace, report: dict) -> None:
             owner = resolve_owner(row.owner)
             for registration in row.registrations(d):
                 owner.register_warmup(**registration)
+        for name in args.extra_cutedsl:
+            with _neutral_platform():
+                resolve_owner(name).register_warmup()
         _register_like_deepseek_v4(tk, MhcModelParams.from_hf_config(d.hf_config), d.platform.deep_gemm, True, True,
                                    vllm_config)
     module = tk.__name__
@@ -98,16 +108,17 @@ def run(args: argparse.Namespace, report: dict) -> None:
         if names and f"{module}:{names[0]}" not in wanted:
             del registry._registrations[kernel]
     report["registered_owners"] = len(registry._registrations)
+    report["env"] = {name: os.environ.get(name) for name in ("PATH", "CUDA_HOME", "CUDA_PATH")}
 
-    compiles = count_compiles()
+    compiles = report["compiles"] = count_compiles()
     served = trace_served(current())
     from vllm.utils import jit_monitor
 
-    jit_monitor.activate(mode="error")
+    if not args.no_nojit:  # without nojit the warmup compiles, which is what the monitor would refuse
+        jit_monitor.activate(mode="error")
     t0 = time.perf_counter()
     registry.warmup()
     report["warmup_seconds"] = time.perf_counter() - t0
-    report["compiles"] = compiles
     report["served"] = sorted(served)
     from nojit.loader import vllm_registry
 
@@ -135,8 +146,9 @@ def count_compiles() -> dict:
 
     knobs.runtime.jit_post_compile_hook = triton_hook
     try:
-        import tilelang.jit as tj
+        import importlib
 
+        tj = importlib.import_module("tilelang.jit")  # the package re-exports a function named jit
         original_tl = tj.JITImpl.compile
 
         def tl_compile(self, *a, **kw):
