@@ -20,10 +20,10 @@ instead of serving with the JIT behind the operator's back.
 
 from __future__ import annotations
 
-import os
 import sys
 
-from nojit.loader.settings import Mode, settings
+from nojit.loader.announce import announce
+from nojit.loader.settings import settings
 
 
 def register() -> None:
@@ -38,37 +38,4 @@ def register() -> None:
 
         answer_from_torch()
     vllm_registry.hook()
-    if settings.quiet:
-        return
-    print(summary_line(inst), file=sys.stderr, flush=True)
-    if inst.mode is Mode.STRICT:
-        from nojit.loader.unserved import report
-
-        print("\n".join(report()), file=sys.stderr, flush=True)
-
-
-def summary_line(inst: object) -> str:
-    """One line: which process, which bundle and versions, how many kernels, mode, firewall."""
-    from nojit.loader.install import Installation
-
-    assert isinstance(inst, Installation)
-    m = inst.bundle.manifest
-    p = m.producer
-    versions = ", ".join(f"{name} {v}" for name, v in (("vLLM", p.vllm), ("Triton", p.triton), ("TileLang", p.tilelang))
-                         if v)
-    runtimes = [k.runtime for k in m.kernels.values()]
-    kernels = f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang kernels, {len(m.entries)} entries"
-    return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
-            f"mode {inst.mode.value}; firewall {firewall_state(inst)}")
-
-
-def firewall_state(inst: object) -> str:
-    """The compiler firewall's state as one phrase (nojit.loader.firewall, when present)."""
-    if getattr(inst, "mode", None) is not Mode.STRICT:
-        return "off (not strict)"
-    try:
-        from nojit.loader import firewall  # type: ignore[attr-defined]
-    except ImportError:
-        return "in-process guards only"
-    describe = getattr(firewall, "describe", None)
-    return describe() if callable(describe) else "on"
+    announce(inst)

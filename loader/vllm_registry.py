@@ -20,7 +20,7 @@ v1/worker/gpu_worker.py `_compile_or_warm_up_model`). nojit wraps that method:
 
 from __future__ import annotations
 
-import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -28,8 +28,6 @@ from typing import Any
 
 from nojit.loader.errors import NoJitError, PreflightError
 from nojit.loader.settings import Mode, settings
-
-log = logging.getLogger("nojit")
 
 
 @dataclass(frozen=True)
@@ -135,11 +133,14 @@ def warmup_through_bundle(registry: Any) -> None:
     if unserved:
         last_report = WarmupReport(keys, unserved, time.perf_counter() - start, 0)
         raise PreflightError(_preflight_message(unserved, sum(keys.values()), inst.bundle.path), fix=_PREFLIGHT_FIX)
+    from nojit.loader.announce import announce
+
+    announce(inst)  # a forked worker did not run the plugin itself
     preloaded = inst.preload()
     last_report = WarmupReport(keys, unserved, time.perf_counter() - start, preloaded)
     if not settings.quiet:
         counts = ", ".join(f"{n} {b}" for b, n in sorted(keys.items())) or "no"
-        print(f"nojit: vLLM's JIT warmup registry: {counts} keys resolved to {inst.bundle.path} in "
+        print(f"nojit[pid {os.getpid()}]: vLLM's JIT warmup registry: {counts} keys resolved to {inst.bundle.path} in "
               f"{last_report.seconds:.2f} s ({inst.mode.value}); {preloaded} bundled modules loaded before CUDA-graph "
               "capture", file=sys.stderr, flush=True)
     return None

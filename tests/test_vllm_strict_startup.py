@@ -150,3 +150,67 @@ def test_the_counters_see_compiles_without_nojit(tmp_path, registry_bundle):
     assert "error" not in report, report["error"]["trace"]
     assert report["compiles"]["triton"] > 0
     print(f"registry warmup without nojit: {report['warmup_seconds']:.1f} s")
+
+
+PROCESS_MODEL = '''
+import json, multiprocessing as mp, os, sys
+
+def state():
+    from nojit.loader.install import current
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+    c = current()
+    return {"pid": os.getpid(), "kernels": None if c is None else sorted(c.triton) + sorted(c.tilelang),
+            "registry_hooked": getattr(JitWarmupRegistry.warmup, "__nojit__", False)}
+
+def child(q):
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()  # what vLLM's engine core and worker_base.init_worker do
+    q.put(state())
+
+if __name__ == "__main__":
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()  # the API server
+    out = {"parent": state()}
+    for method in ("fork", "spawn"):
+        ctx = mp.get_context(method)
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        out[method] = q.get(timeout=900)
+        p.join()
+    print("RESULT " + json.dumps(out))
+'''
+
+
+def test_plugin_in_vllms_process_model_fork_and_spawn(tmp_path, registry_bundle):
+    """vLLM's plugin loader in a parent (the API server), a forked child and a spawned child (engine core,
+    workers): each ends up serving the bundle with the registry hooked; a forked one inherits it, a spawned
+    one installs it itself and says so on its own line."""
+    script = tmp_path / "process_model.py"
+    script.write_text(PROCESS_MODEL)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "NOJIT_BUNDLE": registry_bundle["bundle"], "NOJIT_MODE": "strict",
+           "VLLM_PLUGINS": "nojit"}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=1800)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert line, p.stderr[-4000:]
+    out = json.loads(line[0].removeprefix("RESULT "))
+    kernels = sorted(json.load(open(registry_bundle["plan"]))["kernels"])
+    for role in ("parent", "fork", "spawn"):
+        assert out[role]["kernels"] == kernels and out[role]["registry_hooked"], (role, out)
+    pids = {out[r]["pid"] for r in ("parent", "fork", "spawn")}
+    assert len(pids) == 3
+    announced = set(re.findall(r"nojit\[pid (\d+)\]: \S+ \(vLLM", p.stderr))
+    assert announced == {str(out["parent"]["pid"]), str(out["spawn"]["pid"])}, p.stderr[-3000:]
+
+
+def test_without_a_bundle_the_plugin_does_nothing(tmp_path):
+    code = ("from vllm.plugins import load_general_plugins; load_general_plugins(); "
+            "from nojit.loader.install import current; import sys; "
+            "print('installed', current(), 'triton' in sys.modules and 'hooked' or '', flush=True); "
+            "from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry; "
+            "print('hooked', getattr(JitWarmupRegistry.warmup, '__nojit__', False))")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "VLLM_PLUGINS": "nojit"}
+    env.pop("NOJIT_BUNDLE", None)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    assert "installed None" in p.stdout and "hooked False" in p.stdout, p.stderr[-3000:]
+    assert "nojit[" not in p.stderr
