@@ -72,6 +72,8 @@ def owner_name(kernel: Any) -> str:
 
 
 def _short(key: Any, limit: int = 160) -> str:
+    if type(key).__name__ == "TritonCompileKey":  # process-local ids; the reason names the kernel and the key
+        return "(Triton key)"
     text = repr(key)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

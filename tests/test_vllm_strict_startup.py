@@ -31,6 +31,7 @@ from conftest import ROOT, have, run_cli
 # NOJIT_TEST_REGISTRY_KERNELS=all to build and check it (about 15 minutes).
 REGISTRY_SUBSET = ("BuildC128ATopkMetadataKernel,MTPSharedHeadRMSNormKernel,ComputePrefillMetadataKernel,"
                    "_topp_sb_stats_kernel,mhc_post")
+CUTEDSL_OWNER = "vllm.models.deepseek_v4.nvidia.ops.dequant_gather_k_cutedsl:_DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL"
 SCENARIO = os.path.join(ROOT, "tests", "vllm_startup_scenario.py")
 COMPILER = re.compile(r"^(?:[a-z0-9_]+-linux-gnu-)?(?:gcc|g\+\+|cc|c\+\+|cpp|clang|clang\+\+|nvcc|ptxas|cicc|nvlink|"
                       r"fatbinary|ld|ld\.gold|ld\.bfd|ld\.lld|as|ninja|cc1|cc1plus|collect2|nvrtc)(?:-[0-9.]+)?$")
@@ -129,15 +130,20 @@ def test_strict_warmup_with_empty_triton_cache_compiles_nothing(tmp_path, regist
 
 
 def test_strict_preflight_names_every_missing_key_in_one_message(tmp_path, registry_bundle):
-    # Two more V2-runner owners that the bundle was not built for: 16 + 8 keys vLLM declares.
+    # Two more V2-runner owners that the bundle was not built for (16 + 8 keys vLLM declares) and the CuTeDSL
+    # dequant-gather-K owner DeepSeek-V4's attention registers (attention.py:463; 3 keys): none is compiled.
     report, programs = run_scenario(tmp_path, registry_bundle, "--extra-owner", "_topp_sb_step_kernel",
-                                    "--extra-owner", "_topp_sb_mask_kernel")
+                                    "--extra-owner", "_topp_sb_mask_kernel", "--extra-cutedsl", CUTEDSL_OWNER)
     assert report.get("error", {}).get("type") == "PreflightError", report
     message = report["error"]["message"]
     listed = [line for line in message.splitlines() if line.startswith("  Triton")]
     assert len([x for x in listed if "_topp_split_step" in x]) == 16, message
     assert len([x for x in listed if "_topp_split_mask" in x]) == 8, message
+    cutedsl = [line for line in message.splitlines() if line.startswith("  CuTeDSL")]
+    assert len(cutedsl) == 3 and all("nojit does not serve this JIT yet" in x for x in cutedsl), message
+    assert f"{len(listed) + len(cutedsl)} of them are not served" in message
     assert "fix:" in message and "--add-keys" in message
+    assert report["compiles"]["cutedsl"] == 0
     assert report["compiles"]["triton"] == 0 and report["compiles"]["tilelang"] == 0
     if programs is not None:
         assert compiler_runs(programs, report)[0] == []
