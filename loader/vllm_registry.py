@@ -95,6 +95,9 @@ def warmup_through_bundle(registry: Any) -> None:
     inst = current()
     if inst is None:  # nojit is not serving in this process
         return _original_warmup(registry)
+    from nojit.loader.announce import announce
+
+    announce(inst)  # a forked worker did not run the plugin itself
     start = time.perf_counter()
     if "triton" in sys.modules:
         answer_from_torch()
@@ -135,9 +138,6 @@ def warmup_through_bundle(registry: Any) -> None:
     if unserved:
         last_report = WarmupReport(keys, unserved, time.perf_counter() - start, 0)
         raise PreflightError(_preflight_message(unserved, sum(keys.values()), inst.bundle.path), fix=_PREFLIGHT_FIX)
-    from nojit.loader.announce import announce
-
-    announce(inst)  # a forked worker did not run the plugin itself
     preloaded = inst.preload()
     last_report = WarmupReport(keys, unserved, time.perf_counter() - start, preloaded)
     if not settings.quiet:
