@@ -51,5 +51,7 @@ def firewall_state(inst: object) -> str:
         from nojit.loader import firewall  # type: ignore[attr-defined]
     except ImportError:
         return "in-process guards only"
-    describe = getattr(firewall, "describe", None)
-    return describe() if callable(describe) else "on"
+    report = firewall.active() if hasattr(firewall, "active") else None
+    if report is None:
+        return "not active"
+    return f"on ({len(report.names)} stand-ins in {report.bin_dir}, versions from {report.versions_from})"

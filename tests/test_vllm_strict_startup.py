@@ -85,8 +85,7 @@ def compiler_runs(programs: list[tuple[str, list[str]]], report: dict) -> tuple[
     """(compiles, probes): compiler programs started other than nojit's firewall stand-ins, split into
     version probes (argv is only a version flag: nothing is compiled) and everything else."""
     env = report.get("env") or {}
-    standins = [d for d in (env.get("PATH") or "").split(os.pathsep)[:1] + [env.get("CUDA_HOME") or ""]
-                if d and "nojit" in d]
+    standins = [d for d in [env.get("NOJIT_FIREWALL_DIR") or ""] if d]  # the firewall's stand-in folder
     compiles, probes = [], []
     for path, argv in programs:
         if not COMPILER.match(os.path.basename(path)) or any(path.startswith(d + os.sep) for d in standins):

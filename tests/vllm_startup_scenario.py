@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, report: dict) -> None:
         if names and f"{module}:{names[0]}" not in wanted:
             del registry._registrations[kernel]
     report["registered_owners"] = len(registry._registrations)
-    report["env"] = {name: os.environ.get(name) for name in ("PATH", "CUDA_HOME", "CUDA_PATH")}
+    report["env"] = {name: os.environ.get(name) for name in ("PATH", "CUDA_HOME", "CUDA_PATH", "NOJIT_FIREWALL_DIR")}
 
     compiles = report["compiles"] = count_compiles()
     served = trace_served(current())
