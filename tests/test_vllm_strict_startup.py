@@ -41,6 +41,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have("vllm"), reason="vLL
 
 @pytest.fixture(scope="module")
 def registry_bundle(tmp_path_factory):
+    prebuilt = os.environ.get("NOJIT_TEST_REGISTRY_BUNDLE")  # BUNDLE, with its plan at BUNDLE.plan.json
+    if prebuilt:
+        return {"bundle": prebuilt, "plan": prebuilt + ".plan.json"}
     d = tmp_path_factory.mktemp("registry")
     bundle, plan = str(d / "registry.nojit"), str(d / "registry.plan.json")
     kernels = os.environ.get("NOJIT_TEST_REGISTRY_KERNELS", REGISTRY_SUBSET)
@@ -62,7 +65,8 @@ def run_scenario(tmp_path, registry_bundle, *extra: str, nojit: bool = True) -> 
         env["NOJIT_BUNDLE"] = registry_bundle["bundle"]
     else:
         env.pop("NOJIT_BUNDLE", None)
-    cmd = [sys.executable, SCENARIO, "--plan", registry_bundle["plan"], "--out", str(out), *extra]
+    cmd = [sys.executable, SCENARIO, "--plan", registry_bundle["plan"], "--out", str(out), *extra,
+           *([] if nojit else ["--no-nojit"])]
     trace = tmp_path / "exec.trace"
     strace = shutil.which("strace")
     if strace:
