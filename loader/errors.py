@@ -49,3 +49,7 @@ class LaunchError(NoJitError):
 
 class BuildError(NoJitError):
     """`nojit build` cannot produce a bundle from its inputs."""
+
+
+class PreflightError(NoJitError):
+    """Strict mode: vLLM's warmup registry declares keys the bundle does not serve (all listed at once)."""

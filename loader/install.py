@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,9 +93,11 @@ class Installation:
             tilelang_serving.uninstall(self.tilelang)
         self.triton.clear()
         self.tilelang.clear()
-        from nojit.loader import guards
+        from nojit.loader import guards, triton_driver
 
         guards.deactivate()
+        if "triton" in sys.modules:
+            triton_driver.restore()
         with _lock:
             if _current is self:
                 _current = None

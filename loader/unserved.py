@@ -1,0 +1,121 @@
+"""The JITs of a vLLM serving process that nojit does not serve yet: one table, one report.
+
+Facts read from vLLM 0.33.0 and its dependencies for DeepSeek-V4 on sm_90 (file:line in
+vLLM unless named). The README's "Use with vLLM" section is written from this table; change
+it here first. In strict mode nothing of these may compile: the compiler firewall refuses the
+first compile (the library's compile entry point in-process, or the compiler process it would
+start), and the registry preflight refuses the start when vLLM's warmup registry declares keys
+of one of them. `report()` says at startup which of them this process can reach.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A vLLM setting that keeps the process away from the JIT, and what it costs."""
+
+    setting: str  # environment variable assignment or CLI flag, exactly as the operator types it
+    avoids: str
+    cost: str
+    env: str | None = None  # the variable read to tell whether it is set
+    off_value: str | None = None  # the value that switches the JIT off
+
+
+@dataclass(frozen=True)
+class UnservedJit:
+    name: str
+    module: str  # importable module whose presence makes the JIT reachable
+    used_for: str  # what DeepSeek-V4 on sm_90 uses it for, and when it compiles
+    in_strict: str  # what strict mode does at its first compile
+    switches: tuple[Switch, ...]
+    unavoidable: str = ""  # what no switch removes (then strict mode cannot serve that part yet)
+
+
+UNSERVED: tuple[UnservedJit, ...] = (
+    UnservedJit(
+        "DeepGEMM (vendored 2.8.1)",
+        "vllm.third_party.deep_gemm",
+        "fp8_gemm_nt for block-FP8 linears with M >= 32, fp8_einsum for o_proj (nvidia/ops/o_proj.py), the "
+        "indexer's MQA/paged logits (sparse_attn_indexer.py), tf32_hc_prenorm_gemm (mhc); compiles with nvcc "
+        "(libc popen) in the profile run, deep_gemm_warmup (kernel_warmup.py) and capture",
+        "refused: nvcc is a firewall stand-in, so DeepGEMM's compile fails at its first cold key",
+        (),
+        unavoidable="fp8_einsum (o_proj) has no fallback (utils/deep_gemm.py), so VLLM_USE_DEEP_GEMM=0 breaks the "
+        "model, and VLLM_DEEP_GEMM_WARMUP=skip only moves the compiles to the profile run and capture. Strict mode "
+        "serves DeepSeek-V4 only once DeepGEMM is bundled (issue 11)",
+    ),
+    UnservedJit(
+        "FlashInfer JIT (ninja + nvcc + c++)",
+        "flashinfer",
+        "fp8_blockscale_gemm_90 for block-FP8 linears with M < 32 (with TensorRT-LLM's DeepGEMM copy, nvcc via "
+        "popen) and the TP allreduce fusion, both at capture; top-k/top-p sampling at the first sampled request",
+        "refused: its build runs nvcc/ninja stand-ins (version probes answered, compiles refused)",
+        (
+            Switch("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "the block-FP8 GEMM for M < 32 (utils/flashinfer.py)",
+                   "small-M linears use DeepGEMM's fp8_gemm_nt instead (the next kernel in "
+                   "kernels/linear/__init__.py); decode GEMMs may be slower", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0"),
+            Switch("VLLM_ALLREDUCE_USE_FLASHINFER=0", "the FlashInfer allreduce fusion (cuda_communicator.py)",
+                   "TP allreduce goes through vLLM's custom allreduce / NCCL, without the RMSNorm fusion",
+                   "VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
+            Switch("VLLM_USE_FLASHINFER_SAMPLER=0", "FlashInfer's top-k/top-p sampler (topk_topp_sampler.py)",
+                   "sampling uses vLLM's Triton top-k/top-p kernels, which the bundle serves; a little slower for "
+                   "large batches with top-k/top-p", "VLLM_USE_FLASHINFER_SAMPLER", "0"),
+        ),
+    ),
+    UnservedJit(
+        "Humming (MXFP4 MoE, NVRTC in a child process)",
+        "humming",
+        "the routed experts (MXFP4 on sm_90 picks HUMMING: fused_moe/oracle/mxfp4.py, humming/priority.py); "
+        "compiles at the first forward per configuration",
+        "refused: Humming's compile entry point is guarded; its NVRTC child never starts",
+        (Switch("--moe-backend marlin", "Humming for the MoE experts",
+                "Marlin's precompiled kernels (no JIT); vLLM prefers Humming on sm_90, so expect slower MoE "
+                "(not measured here)"),),
+    ),
+    UnservedJit(
+        "CuTeDSL (nvidia-cutlass-dsl, in-process MLIR)",
+        "cutlass",
+        "the head-512 compressor (always on CUDA: compressor.py), indexer-q and dequant-gather-K (attention.py), "
+        "the router GEMM ll_fp32w/ll_bf16 (gate_linear.py); compiles in the registry and router warmup",
+        "refused: cute.compile is guarded; the registry preflight lists the CuTeDSL keys and stops the start",
+        (),
+        unavoidable="the head-512 compressor uses CuTeDSL on every CUDA GPU (compressor.py) and vLLM needs "
+        "cutlass to build the model. Strict mode serves DeepSeek-V4 only once CuTeDSL is bundled (issue 12)",
+    ),
+)
+
+
+def _reachable(jit: UnservedJit) -> bool:
+    try:
+        return importlib.util.find_spec(jit.module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _switched_off(switch: Switch) -> bool:
+    return switch.env is not None and os.environ.get(switch.env) == switch.off_value
+
+
+def report() -> list[str]:
+    """One block, one line per unserved JIT: reachable here or not, what strict mode does, the switches."""
+    lines = ["nojit: JITs this process can reach that nojit does not serve yet (strict mode: nothing compiles):"]
+    for jit in UNSERVED:
+        if not _reachable(jit):
+            lines.append(f"  - {jit.name}: not installed here, unreachable")
+            continue
+        off = [s.setting for s in jit.switches if _switched_off(s)]
+        on = [s.setting for s in jit.switches if s.env is not None and not _switched_off(s)]
+        parts = [f"  - {jit.name}: reachable; {jit.in_strict}"]
+        if off:
+            parts.append(f"switched off here: {', '.join(off)}")
+        if on:
+            parts.append(f"avoid with {', '.join(on)}")
+        if jit.unavoidable:
+            parts.append(f"no switch: {jit.unavoidable}")
+        lines.append("; ".join(parts))
+    return lines
