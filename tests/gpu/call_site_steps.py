@@ -12,6 +12,7 @@ are hashed and compared between the JIT and the loader runs.
 from __future__ import annotations
 
 import importlib
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ CALL_SITE_MODULES = (
     "vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant",
     "vllm.models.deepseek_v4.common.ops.save_partial_states",
     "vllm.models.deepseek_v4.common.ops.cache_utils",
+    "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache",
     "vllm.v1.attention.ops.common",
     "vllm.v1.attention.backends.mla.indexer",
 )
@@ -189,7 +191,31 @@ def compressor_state(batch: Batch, seed: int, compress_ratio: int, head_dim: int
         kv=kv, score=score, ape=ape, positions=batch.positions(), state_cache=state_cache, slot_mapping=slots,
         block_size=block_size, state_width=width, compress_ratio=compress_ratio,
         pdl_kwargs={"launch_pdl": False})
-    return {f"state_cache_c{compress_ratio}_{head_dim}": state_cache}
+    out = {f"state_cache_c{compress_ratio}_{head_dim}": state_cache}
+    if head_dim == 128:  # the indexer's compressor: compress, RMSNorm, RoPE, fp8 quant, insert into its K cache
+        out.update(indexer_compress_insert(batch, seed, state_cache, width, slots, meta))
+    return out
+
+
+def indexer_compress_insert(batch: Batch, seed: int, state_cache: torch.Tensor, state_width: int,
+                            state_slots: torch.Tensor, meta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Compressor._compress_norm_rope_store for the indexer (head 128, C4, overlap, fp8 cache)."""
+    dev, g = batch.device, _gen(batch.device, seed + 5)
+    T = batch.num_tokens
+    token_to_req = torch.repeat_interleave(torch.arange(batch.num_reqs, dtype=torch.int32, device=dev),
+                                           torch.tensor(batch.scheduled, device=dev))
+    k_slots = (meta["slot_mappings"][0][:T] // 4).contiguous()  # compressed rows of the C4 K cache (64 a block)
+    k_block = 256 // 4
+    kv_cache = torch.zeros((int(k_slots.max()) // k_block + 2, k_block, 128 + 4), dtype=torch.uint8, device=dev)
+    _m["fused_compress_quant_cache"].compress_norm_rope_store_triton(
+        state_cache=state_cache, num_actual=T, token_to_req_indices=token_to_req, positions=batch.positions(),
+        slot_mapping=state_slots, block_table=meta["block_table_2"], block_size=4, state_width=state_width,
+        cos_sin_cache=_randn((MAX_MODEL_LEN, ROPE_DIM), torch.float32, g, dev),
+        kv_cache=kv_cache, k_cache_metadata=types.SimpleNamespace(slot_mapping=k_slots),
+        pdl_kwargs={"launch_pdl": False}, head_dim=128, rope_head_dim=ROPE_DIM, compress_ratio=4, overlap=True,
+        use_fp4_cache=False, rms_norm_weight=_randn((128,), torch.bfloat16, g, dev), rms_norm_eps=1e-6,
+        quant_block=128, token_stride=128, scale_dim=4)
+    return {"indexer_k_cache": kv_cache}
 
 
 def sparse_prefill_ops(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
@@ -299,7 +325,9 @@ def _topk_topp(num_tokens: int, device: str, seed: int, state: dict) -> dict[str
     p = torch.rand(num_tokens, generator=g, device=device) * 0.5 + 0.4
     out["topk_topp"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), k, p)
     k_none = torch.full((num_tokens,), VOCAB, dtype=torch.int32, device=device)
-    out["topp_only"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), k_none, p)
+    out["topk_noop_topp"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), k_none, p)
+    out["topp_only"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), None, p)  # split top-p
+    out["topk_only"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), k, None)
     return out
 
 
