@@ -87,6 +87,7 @@ class LaunchTracer:
         self.launches: list[dict] = []
         self.servers: dict[str, Any] = {}  # kernel id -> nojit server (loader role)
         self._params: dict[int, tuple[set[str], set[str]]] = {}
+        self._binders: dict[int, Any] = {}
         self.indirect: dict[str, list[Any]] = {}  # kernel qualname -> tensors it writes through addresses
 
     def _io(self, fn: Any) -> tuple[set[str], set[str]]:
@@ -149,6 +150,25 @@ class LaunchTracer:
         row["hashes"] = {n: _digest(t) for n, t in {**outs, **inouts}.items()}
         self.launches.append(row)
         return result
+
+    def _interpreted_key(self, fn: Any, args: tuple, kwargs: dict) -> dict:
+        """Triton's key for this call (nojit's binder over a JITFunction of the same Python function)."""
+        import torch
+        from triton._utils import canonicalize_ptr_dtype
+        from triton.runtime.jit import JITFunction
+
+        from nojit.loader.triton_key import ArgSpecializer, key_to_json, make_binder, options_key
+
+        binder = self._binders.get(id(fn))
+        if binder is None:
+            binder = self._binders[id(fn)] = make_binder(JITFunction(fn.fn), ArgSpecializer(canonicalize_ptr_dtype,
+                                                                                              torch.Tensor))
+        try:
+            _bound, spec, options = binder(*args, **kwargs)
+        except Exception as exc:
+            return {"key": None, "outcome": "unkeyed", "why": str(exc)[:200]}
+        full = {**options, "debug": False, "instrumentation_mode": ""}
+        return {"key": key_to_json((spec, options_key(full))), "outcome": "interpreted"}
 
     def _serving(self, kid: str, args: tuple, kwargs: dict) -> dict:
         """The key of this call as nojit's server computes it, and how the bundle serves it."""
@@ -328,16 +348,15 @@ def compare(jit: dict, loader: dict | None) -> tuple[list[dict], bool]:
         k["launches"] += 1
         wrote = sum(j["written"].values()) > 0
         k["written_launches"] += wrote
+        src = lo if lo is not None else j  # the loader keys every call; an interpreted JIT run keys them too
         if lo is not None:
             k["identical"] += lo["hashes"] == j["hashes"]
-            keytext = json.dumps(lo.get("key"), sort_keys=True)
-            entry = k["keys"].setdefault(keytext, {"outcome": lo["outcome"], "written": False, "key": lo.get("key"),
-                                                   "source_hash": lo.get("source_hash")})
-            entry["written"] |= wrote and sum(lo["written"].values()) > 0
         else:
             k["identical"] += 1
-            entry = k["keys"].setdefault(f"launch shape {j['step']}", {"outcome": "-", "written": False})
-            entry["written"] |= wrote
+        keytext = json.dumps(src.get("key"), sort_keys=True)
+        entry = k["keys"].setdefault(keytext, {"outcome": src.get("outcome", "-"), "written": False,
+                                               "key": src.get("key"), "source_hash": src.get("source_hash")})
+        entry["written"] |= wrote and (lo is None or sum(lo["written"].values()) > 0)
     rows = []
     for kid, k in sorted(per.items()):
         outcomes = collections.Counter(v["outcome"] for v in k["keys"].values())
@@ -398,7 +417,7 @@ def main() -> int:
     procs = len(loader["processes"]) if loader else 0
     print_table(rows, compiles, procs, loader is not None)
     ok = ok and steps_ok and compiles == 0 and procs == 0
-    if args.observed and loader:
+    if args.observed:
         write_observed(args.observed, rows)
     if args.json:
         with open(args.json, "w") as f:
