@@ -136,6 +136,8 @@ class LaunchTracer:
         row: dict[str, Any] = {"step": self.step, "kernel": kid, "index": len(self.launches)}
         if self.role == "loader":
             row.update(self._serving(kid, args, kwargs))
+        elif self.device == "cpu":  # interpret mode: key the call as Triton would, to list it against the plan
+            row.update(self._interpreted_key(fn, args, kwargs))
         for t in outs.values():
             _bits(t).fill_(-1)
         before = {n: _bits(t).clone() for n, t in inouts.items()}
@@ -242,10 +244,15 @@ def child(args: argparse.Namespace) -> None:
         inst = install(args.bundle, mode="strict", allow_mismatch=frozenset({"vllm"}), kernels=mounted)
         tracer.servers = dict(inst.triton)
         installed = sorted(inst.triton)
-    _trace_every_kernel(tracer, modules, interpret)
+    # every kernel of every vLLM module loaded (the call sites' helpers launch kernels defined elsewhere too)
+    loaded = [m for n, m in sorted(sys.modules.items()) if n.startswith("vllm.") and m is not None]
+    _trace_every_kernel(tracer, [*modules, *loaded], interpret)
     steps: dict[str, Any] = {}
     t0 = time.perf_counter()
+    wanted = set(args.steps.split(",")) if args.steps else set(call_site_steps.STEPS)
     for name, step in call_site_steps.STEPS.items():
+        if name not in wanted:
+            continue
         tracer.step = name
         first = len(tracer.launches)
         try:
@@ -327,6 +334,8 @@ def run_role(args: argparse.Namespace, role: str, workdir: str) -> dict:
            "--out", out]
     if args.bundle:
         cmd += ["--bundle", args.bundle]
+    if args.steps:
+        cmd += ["--steps", args.steps]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if p.returncode != 0:
         return {"error": f"{role} exited {p.returncode}: {p.stderr[-3000:]}"}
@@ -379,6 +388,7 @@ def main() -> int:
     ap.add_argument("--observed", help="write the observed keys here (JSONL, NOJIT_MODE=record format)")
     ap.add_argument("--json", help="write the full report here")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--steps", help="comma-separated step names (default: all)")
     ap.add_argument("--list-sources", action="store_true",
                     help="import the call sites from --vllm-src and print the vLLM files they load (JSON)")
     ap.add_argument("--child")
