@@ -87,7 +87,8 @@ class Batch:
 
     def idx_mapping(self) -> torch.Tensor:
         # request slots in the persistent batch: not 0..n-1, as after other requests finished
-        return torch.tensor([3 + 5 * i for i in range(self.num_reqs)], dtype=torch.int32, device=self.device)
+        # int64, as the V2 runner builds it (model_runner.py: torch.tensor(idx_mapping_np, dtype=torch.int64))
+        return torch.tensor([3 + 5 * i for i in range(self.num_reqs)], dtype=torch.int64, device=self.device)
 
     def query_start_loc(self) -> torch.Tensor:
         out = [0]
@@ -276,7 +277,7 @@ def sampling(num_tokens: int, device: str, seed: int, spec: bool = False) -> dic
 def _processors(num_tokens: int, device: str, seed: int, state: dict) -> dict[str, torch.Tensor]:
     g = _gen(device, seed + 3)
     logits = _randn((num_tokens, VOCAB), torch.float32, g, device) * 4
-    idx = torch.tensor([3 + 5 * (i % 8) for i in range(num_tokens)], dtype=torch.int32, device=device)
+    idx = torch.tensor([3 + 5 * (i % 8) for i in range(num_tokens)], dtype=torch.int64, device=device)
     n_slots = MAX_NUM_REQS
     temperature = torch.rand(n_slots, generator=g, device=device) + 0.5
     _m["gumbel"].apply_temperature(logits, idx, temperature)
