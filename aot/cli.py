@@ -91,13 +91,19 @@ def _coverage(args: argparse.Namespace) -> int:
         add_recorded_keys(plan, args.add_keys)
     rows = coverage.compute(plan, bundle)
     print(coverage.render_table(rows))
+    observed_ok = True
+    if args.observed:
+        from nojit.aot.observed_coverage import report
+
+        text, observed_ok = report(args.observed, plan, bundle)
+        print(text)
     if args.html:
         from nojit.aot.bundle_writer import write_text_atomically
 
         write_text_atomically(args.html, coverage.render_html(rows, bundle, plan.deployment))
         print(f"\nHTML report: {args.html}")
     total = coverage.totals(rows)
-    return 0 if args.fail_under is None or total["percent"] >= args.fail_under else 1
+    return 0 if (args.fail_under is None or total["percent"] >= args.fail_under) and observed_ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--deployment", help="deployment TOML (default: the built-in one); needs vLLM installed")
     c.add_argument("--plan", help="a plan from `nojit build --emit-plan` instead of planning the deployment")
     c.add_argument("--add-keys", action="append", metavar="FILE", help="count keys recorded with NOJIT_MODE=record")
+    c.add_argument("--observed", metavar="FILE", help="keys observed on real steps (JSONL, NOJIT_MODE=record "
+                   "format): shown against the plan and the bundle; exit 1 if one is unplanned or missing")
     c.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     c.add_argument("--fail-under", type=float, metavar="PERCENT", help="exit 1 if coverage is below PERCENT")
     c.set_defaults(func=_coverage)

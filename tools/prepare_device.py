@@ -9,6 +9,8 @@ Writes, into ignored folders (third-party code is never committed):
   .device/vllm_mhc/                vLLM's mHC torch reference (kernels/mhc/torch.py), for TileLang checks
   .device/vllm_src/vllm/...        the few vLLM files tests/gpu/check_tilelang.py imports there, verbatim,
                                    at their package paths (VLLM_TILELANG_FILES), plus SOURCES.json
+  .device/vllm_src/vllm/...        also the vLLM files tests/gpu/check_call_sites.py imports (its call sites and
+                                   their import closure, listed by `check_call_sites.py --list-sources`), verbatim
   .device/tilelang.nojit           with --tilelang-bundle: the TileLang bundle to check (built here,
                                    where TileLang is installed)
   .whl/                            the nojit wheel (abi3) and the cp312 wheels it needs there
@@ -135,6 +137,28 @@ def copy_vllm_tilelang_sources(out_dir: str) -> int:
     return len(digests)
 
 
+def copy_vllm_call_site_sources(out_dir: str) -> int:
+    """Copy the vLLM files the call-site check imports (asked of the check itself) into out_dir/vllm/...,
+    adding their digests to SOURCES.json."""
+    import vllm
+
+    pkg = os.path.dirname(os.path.abspath(vllm.__file__))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "check_call_sites.py"), "--list-sources",
+                        "--vllm-src", os.path.dirname(pkg)], capture_output=True, text=True, check=True)
+    files = json.loads(p.stdout.strip().splitlines()[-1])["files"]
+    with open(os.path.join(out_dir, "SOURCES.json")) as f:
+        sources = json.load(f)
+    for rel in files:
+        target = os.path.join(out_dir, "vllm", rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(pkg, rel), target)
+        with open(target, "rb") as f:
+            sources["files"][rel] = hashlib.sha256(f.read()).hexdigest()
+    with open(os.path.join(out_dir, "SOURCES.json"), "w") as f:
+        json.dump(sources, f, indent=1, sort_keys=True)
+    return len(files)
+
+
 def build_wheels(out_dir: str) -> None:
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
@@ -142,8 +166,9 @@ def build_wheels(out_dir: str) -> None:
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", ROOT, "--no-deps", "--no-build-isolation", "-q", "-w", out_dir], check=True)
     platforms = [a for p in WHEEL_PLATFORMS for a in ("--platform", p)]
-    # cffi + zstandard: nojit's own needs; pytest and its needs: the GPU tests of the suite
-    for name in ("cffi", "pycparser", "zstandard", "pytest", "pluggy", "iniconfig", "packaging"):
+    # cffi + zstandard: nojit's own needs; pytest and its needs: the GPU tests of the suite;
+    # regex + psutil (+ packaging): what vLLM's call-site modules import (check_call_sites.py)
+    for name in ("cffi", "pycparser", "zstandard", "pytest", "pluggy", "iniconfig", "packaging", "regex", "psutil"):
         subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
                         "--implementation", "cp", *platforms, "-q", "-d", out_dir, name], check=True)
 
@@ -158,6 +183,7 @@ def main() -> int:
     n, skipped = extract_kernels(args.plan, args.extractor, os.path.join(device, "kernels")) if args.plan else (0, [])
     copy_mhc_reference(os.path.join(device, "vllm_mhc"))
     m = copy_vllm_tilelang_sources(os.path.join(device, "vllm_src"))
+    m += copy_vllm_call_site_sources(os.path.join(device, "vllm_src"))
     target = os.path.join(device, "tilelang.nojit")
     if args.tilelang_bundle and not (os.path.exists(target) and os.path.samefile(args.tilelang_bundle, target)):
         shutil.copyfile(args.tilelang_bundle, target)

@@ -10,6 +10,8 @@
 #   tilelang mHC kernels of .device/tilelang.nojit against float64 references, TileLang absent
 #   merge    one bundle: this machine's Triton entries + the TileLang entries, verified
 #   pytest   the GPU tests of the suite (tests/gpu, marker gpu)
+#   callsites  vLLM's own call sites (.device/vllm_src) on a prefill, decode, mixed, MTP and sampling step:
+#            loader (strict) vs JIT per launch, outputs poisoned, observed keys against the plan and bundle
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -71,6 +73,13 @@ PY
     merge)
       build_triton $W/merged.nojit --merge .device/tilelang.nojit 2>&1 | tail -4 || rc=1
       python3 -m nojit.aot.cli inspect $W/merged.nojit --verify 2>&1 | head -12
+      ;;
+    callsites)
+      [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
+      python3 tests/gpu/check_call_sites.py --bundle $W/triton.nojit --vllm-src .device/vllm_src \
+        --observed "$OUT/observed_keys.jsonl" --json "$OUT/check_call_sites.json" 2>&1 | tail -80 || rc=1
+      python3 -m nojit.aot.cli coverage $W/triton.nojit --plan "$PLAN" --observed "$OUT/observed_keys.jsonl" \
+        2>&1 | sed -n '/observed keys/,$p' | tail -80 || rc=1
       ;;
     pytest)
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \

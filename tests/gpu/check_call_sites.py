@@ -1,0 +1,464 @@
+"""GPU check: vLLM 0.33.0's own call sites drive every Triton kernel they reach, loader vs JIT, bit for bit.
+
+Run on an sm_90 machine with no vLLM, from the repository root, with .device prepared by
+tools/prepare_device.py (vLLM's call-site modules carried verbatim in .device/vllm_src):
+
+    python tests/gpu/check_call_sites.py --bundle B.nojit [--vllm-src .device/vllm_src]
+        [--observed OUT.jsonl] [--json OUT.json]
+    TRITON_INTERPRET=1 python tests/gpu/check_call_sites.py --interpret   # CPU: JIT role only
+
+The steps (call_site_steps.py) call vLLM's wrapper functions and kernel owners the way the DeepSeek-V4
+model, its attention backends, the V2 runner, the sampler and the speculative decoder do: a prefill
+step, a decode step, a mixed step, an MTP draft-and-verify step, sampling with every option on.
+Two fresh processes run the same steps on the same seeded inputs:
+  jit:    Triton's JIT (no nojit);
+  loader: nojit installed in strict mode from the bundle, CUDA_DISABLE_PTX_JIT=1, an empty Triton
+          cache, an audit hook counting processes, Triton's jit_post_compile_hook counting compiles.
+Every launch goes through a tracer wrapped around the kernel's `run`: before the launch it poisons
+the tensors the kernel only stores to (all bits set: NaN, -1), snapshots the ones it reads and
+writes; after it, counts elements written (changed from the poison / from the snapshot) and hashes
+every output. In the loader run it also keys the call exactly as the loader does and says how it is
+served (exact / generic / miss); these observed keys are written as JSONL (the format of
+NOJIT_MODE=record, readable by `nojit build --add-keys` and `nojit coverage --observed`).
+A kernel fails if a key's launches wrote nothing (vacuous), if any launch differs from the JIT,
+on any compile or process in the loader run, or if a step reached a key the bundle lacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any
+
+VERBOSE = os.environ.get("NOJIT_CALL_SITES_VERBOSE") == "1"  # each launch named on stderr before it runs
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+
+STORES = ("store", "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "atomic_cas", "atomic_or",
+          "atomic_and", "atomic_xor")
+
+
+def _aliased(fn: Any, calls: tuple[str, ...]) -> set[str]:
+    """Parameters reached as the base of `calls` through local names assigned from them (any depth)."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
+    params = {p.name for p in fn.params}
+    alias: dict[str, str] = {p: p for p in params}
+
+    def root(node: ast.AST) -> str | None:
+        while isinstance(node, ast.BinOp):
+            node = node.left if root(node.left) else node.right
+        return alias.get(node.id) if isinstance(node, ast.Name) else None
+
+    for _ in range(3):  # aliases of aliases
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                r = root(node.value)
+                if r is not None and node.targets[0].id not in params:
+                    alias[node.targets[0].id] = r
+    out = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in calls
+                and node.args and (r := root(node.args[0])) is not None):
+            out.add(r)
+    return out
+
+
+class LaunchTracer:
+    """Wraps a kernel's `run`: poison outputs, launch, count written elements, hash outputs, key the call."""
+
+    def __init__(self, role: str, device: str) -> None:
+        self.role = role
+        self.device = device
+        self.step = ""
+        self.launches: list[dict] = []
+        self.servers: dict[str, Any] = {}  # kernel id -> nojit server (loader role)
+        self._params: dict[int, tuple[set[str], set[str]]] = {}
+        self._binders: dict[int, Any] = {}
+        self.indirect: dict[str, list[Any]] = {}  # kernel qualname -> tensors it writes through addresses
+
+    def _io(self, fn: Any) -> tuple[set[str], set[str]]:
+        """(store-only parameters, read-and-written parameters) of the kernel: triton_harness's analysis
+        (following @jit helpers) plus stores through local aliases (`row_ptr = out_ptr + i * stride`)."""
+        from triton_harness import _stored_params
+
+        got = self._params.get(id(fn))
+        if got is None:
+            if not hasattr(fn, "params"):  # TRITON_INTERPRET=1: an InterpretedFunction
+                fn = _Interpreted(fn)
+            names = [p.name for p in fn.params]
+            stored = {names[i] for i in _stored_params(fn)} | _aliased(fn, STORES)
+            # Atomics read what they update: their targets are never poisoned.
+            reads = ("load", *STORES[1:])
+            loaded = {names[i] for i in _stored_params(fn, calls=reads)} | _aliased(fn, reads)
+            got = (stored - loaded, stored & loaded)
+            self._params[id(fn)] = got
+        return got
+
+    def wrap(self, fn: Any, run: Any) -> Any:
+        """A `run` replacement for fn that traces each launch and calls `run` (JIT or nojit server)."""
+        kid = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
+
+        def traced(*args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            if warmup:
+                return run(*args, grid=grid, warmup=warmup, **kwargs)
+            return self.launch(fn, kid, run, args, grid, kwargs)
+
+        return traced
+
+    def launch(self, fn: Any, kid: str, run: Any, args: tuple, grid: Any, kwargs: dict) -> Any:
+        import torch
+
+        names = [p.name for p in fn.params] if hasattr(fn, "params") else list(fn.arg_names)
+        bound = {**dict(zip(names, args)), **kwargs}
+        store_only, rmw = self._io(fn)
+        # uint64 tensors are tables of device addresses (vLLM's pointer tables): never poisoned.
+        outs = {n: t for n, t in bound.items()
+                if n in store_only and isinstance(t, torch.Tensor) and t.dtype != torch.uint64}
+        # Every other tensor argument may be written too (stores the analysis cannot see), and so may
+        # the tensors a step registered as written through a table of addresses: compared to a snapshot.
+        inouts = {n: t for n, t in bound.items() if n not in outs and isinstance(t, torch.Tensor)}
+        for i, t in enumerate(self.indirect.get(kid.rpartition(":")[2], ())):
+            inouts[f"indirect[{i}]"] = t
+        row: dict[str, Any] = {"step": self.step, "kernel": kid, "index": len(self.launches)}
+        if self.role == "loader":
+            row.update(self._serving(kid, args, kwargs))
+        elif self.device == "cpu":  # interpret mode: key the call as Triton would, to list it against the plan
+            row.update(self._interpreted_key(fn, args, kwargs))
+        for t in outs.values():
+            _bits(t).fill_(-1)
+        before = {n: _bits(t).clone() for n, t in inouts.items()}
+        if VERBOSE:
+            print(f"launch {self.step} {kid} grid={grid if not callable(grid) else 'fn'}", file=sys.stderr, flush=True)
+        result = run(*args, grid=grid, warmup=False, **kwargs)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        written = {n: int((_bits(t) != -1).sum()) for n, t in outs.items()}
+        written.update({n: int((_bits(t) != before[n]).sum()) for n, t in inouts.items()})
+        row["written"] = written
+        row["hashes"] = {n: _digest(t) for n, t in {**outs, **inouts}.items()}
+        self.launches.append(row)
+        return result
+
+    def _interpreted_key(self, fn: Any, args: tuple, kwargs: dict) -> dict:
+        """Triton's key for this call (nojit's binder over a JITFunction of the same Python function)."""
+        import torch
+        from triton._utils import canonicalize_ptr_dtype
+        from triton.runtime.jit import JITFunction
+
+        from nojit.loader.triton_key import ArgSpecializer, key_to_json, make_binder, options_key
+
+        binder = self._binders.get(id(fn))
+        if binder is None:
+            binder = self._binders[id(fn)] = make_binder(JITFunction(fn.fn), ArgSpecializer(canonicalize_ptr_dtype,
+                                                                                              torch.Tensor))
+        try:
+            _bound, spec, options = binder(*args, **kwargs)
+        except Exception as exc:
+            return {"key": None, "outcome": "unkeyed", "why": str(exc)[:200]}
+        full = {**options, "debug": False, "instrumentation_mode": ""}
+        return {"key": key_to_json((spec, options_key(full))), "outcome": "interpreted"}
+
+    def _serving(self, kid: str, args: tuple, kwargs: dict) -> dict:
+        """The key of this call as nojit's server computes it, and how the bundle serves it."""
+        from nojit.loader.triton_key import key_to_json
+
+        server = self.servers.get(kid)
+        if server is None:
+            return {"key": None, "outcome": "miss", "why": "kernel not in the bundle"}
+        try:
+            _bound, spec, options = server._binder(*args, **kwargs)
+            key = (spec, server.options_key(options))
+        except Exception as exc:  # an argument nojit cannot key: the server would miss too
+            return {"key": None, "outcome": "miss", "why": f"unkeyable: {exc}"}
+        outcome = ("exact" if key in server.exact else "generic" if server.fallback_for(key) is not None
+                   else "miss")
+        return {"key": key_to_json(key), "outcome": outcome, "source_hash": server.record.source_hash}
+
+
+class _Interpreted:
+    """The parts of a JITFunction triton_harness reads (params, fn, __globals__), for an InterpretedFunction."""
+
+    def __init__(self, fn: Any) -> None:
+        import types
+
+        self.fn = fn.fn
+        self.params = [types.SimpleNamespace(name=n) for n in fn.arg_names]
+        self.__globals__ = fn.fn.__globals__
+
+
+def _bits(t: Any) -> Any:
+    """The tensor's bits as signed integers of the same width (a view: fill_(-1) poisons every bit)."""
+    import torch
+
+    width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.view(width) if t.dtype != width else t
+
+
+def _digest(t: Any) -> str:
+    return hashlib.sha256(_bits(t).detach().contiguous().cpu().numpy().tobytes()).hexdigest()[:24]
+
+
+def child(args: argparse.Namespace) -> None:
+    events: list[str] = []
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    device = "cpu" if interpret else "cuda"
+    if args.child == "loader":
+        os.environ["CUDA_DISABLE_PTX_JIT"] = "1"
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="nojit-empty-triton-cache-")
+        sys.addaudithook(lambda ev, a: events.append(f"{ev}:{str(a[0])[:60]}")
+                         if ev in ("subprocess.Popen", "os.posix_spawn", "os.system", "os.exec") else None)
+    import torch
+    import triton
+
+    from vllm_mount import mount
+
+    finder = mount(args.vllm_src)
+    import call_site_steps
+
+    modules = call_site_steps.import_call_sites()
+    compiles: list[str] = []
+    triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiles.append(str(kw.get("key"))[:80])
+    tracer = LaunchTracer(args.child, device)
+    call_site_steps.INDIRECT = tracer.indirect
+    installed: list[str] = []
+    if args.child == "loader":
+        from nojit.loader.bundle_file import Bundle
+        from nojit.loader.install import install
+
+        bundle = Bundle.open(args.bundle)
+        mounted = {k for k in bundle.manifest.kernels if k.partition(":")[0] in sys.modules}
+        inst = install(args.bundle, mode="strict", allow_mismatch=frozenset({"vllm"}), kernels=mounted)
+        tracer.servers = dict(inst.triton)
+        installed = sorted(inst.triton)
+    # every kernel of every vLLM module loaded (the call sites' helpers launch kernels defined elsewhere too)
+    loaded = [m for n, m in sorted(sys.modules.items()) if n.startswith("vllm.") and m is not None]
+    _trace_every_kernel(tracer, [*modules, *loaded], interpret)
+    steps: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    wanted = set(args.steps.split(",")) if args.steps else set(call_site_steps.STEPS)
+    for name, step in call_site_steps.STEPS.items():
+        if name not in wanted:
+            continue
+        tracer.step = name
+        first = len(tracer.launches)
+        try:
+            call_site_steps.ERRORS.clear()
+            result = step(device, args.seed)
+            errors = list(call_site_steps.ERRORS)
+            steps[name] = {"ok": not errors, "result": {k: _digest(v) for k, v in (result or {}).items()}}
+            if errors:
+                steps[name]["error"] = "; ".join(errors)[:3000]
+        except Exception as exc:
+            steps[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                           "traceback": traceback.format_exc()[-3000:]}
+        steps[name]["launches"] = len(tracer.launches) - first
+    summary: dict[str, Any] = {"role": args.child, "steps": steps, "launches": tracer.launches,
+                               "seconds": time.perf_counter() - t0, "compiles": compiles, "processes": events,
+                               "installed": installed, "carried_files": sorted(set(finder.loaded))}
+    if args.child == "loader":
+        from nojit.loader import guards
+
+        summary["guard_attempts"] = list(guards.compile_attempts)
+        summary["served"] = dict(inst.policy.summary())
+    with open(args.out, "w") as f:
+        json.dump(summary, f)
+
+
+def _trace_every_kernel(tracer: LaunchTracer, modules: list[Any], interpret: bool) -> None:
+    """Wrap `run` of every Triton kernel defined in the call-site modules (and their owners' kernels)."""
+    from triton.runtime.jit import JITFunction
+
+    kinds: tuple[type, ...] = (JITFunction,)
+    if interpret:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        kinds = (InterpretedFunction,)
+    seen: set[int] = set()
+    for fn in _kernels_of(modules, kinds):
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        current = fn.run  # nojit's server.run on bundled kernels in the loader, else the class's JIT run
+        fn.run = tracer.wrap(fn, current)
+
+
+def _kernels_of(modules: list[Any], kinds: tuple[type, ...]) -> list[Any]:
+    out = []
+    for m in modules:
+        for value in vars(m).values():
+            if isinstance(value, kinds):
+                out.append(value)
+            elif isinstance(value, type):
+                for attr in vars(value).values():
+                    inner = getattr(attr, "__func__", attr)
+                    if isinstance(inner, kinds):
+                        out.append(inner)
+    return out
+
+
+def list_sources(vllm_src: str) -> dict[str, list[str]]:
+    """The vLLM files (relative to vllm/) the call sites import, and the third-party packages they pull in."""
+    import torch  # noqa: F401 - imported before the mount: not counted as the call sites' needs
+    import triton  # noqa: F401
+
+    before = {m.partition(".")[0] for m in sys.modules}
+    from vllm_mount import mount
+
+    finder = mount(vllm_src)
+    import call_site_steps
+
+    call_site_steps.import_call_sites()
+    after = {m.partition(".")[0] for m in sys.modules}
+    third = sorted(m for m in after - before - set(sys.stdlib_module_names)
+                   if not m.startswith("_") and m not in ("vllm", "vllm_mount", "call_site_steps"))
+    return {"files": sorted(set(finder.loaded)), "third_party": third}
+
+
+def run_role(args: argparse.Namespace, role: str, workdir: str) -> dict:
+    out = os.path.join(workdir, f"{role}.json")
+    cmd = [sys.executable, __file__, "--child", role, "--vllm-src", args.vllm_src, "--seed", str(args.seed),
+           "--out", out]
+    if args.bundle:
+        cmd += ["--bundle", args.bundle]
+    if args.steps:
+        cmd += ["--steps", args.steps]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    if p.returncode != 0:
+        return {"error": f"{role} exited {p.returncode}: {p.stderr[-3000:]}"}
+    with open(out) as f:
+        return json.load(f)
+
+
+def compare(jit: dict, loader: dict | None) -> tuple[list[dict], bool]:
+    """Per kernel: keys reached, keys whose launches wrote, launches identical, outcomes. And overall ok."""
+    per: dict[str, dict] = collections.defaultdict(lambda: {
+        "launches": 0, "identical": 0, "keys": {}, "written_launches": 0})
+    jl = jit["launches"]
+    ll = loader["launches"] if loader else [None] * len(jl)
+    ok = True
+    if loader and [(r["step"], r["kernel"]) for r in ll] != [(r["step"], r["kernel"]) for r in jl[:len(ll)]]:
+        ok = False
+    for j, lo in zip(jl, ll):
+        k = per[j["kernel"]]
+        k["launches"] += 1
+        wrote = sum(j["written"].values()) > 0
+        k["written_launches"] += wrote
+        src = lo if lo is not None else j  # the loader keys every call; an interpreted JIT run keys them too
+        if lo is not None:
+            k["identical"] += lo["hashes"] == j["hashes"]
+        else:
+            k["identical"] += 1
+        keytext = json.dumps(src.get("key"), sort_keys=True)
+        entry = k["keys"].setdefault(keytext, {"outcome": src.get("outcome", "-"), "written": False,
+                                               "key": src.get("key"), "source_hash": src.get("source_hash")})
+        entry["written"] |= wrote and (lo is None or sum(lo["written"].values()) > 0)
+    rows = []
+    for kid, k in sorted(per.items()):
+        outcomes = collections.Counter(v["outcome"] for v in k["keys"].values())
+        nkeys = len(k["keys"])
+        written_keys = sum(v["written"] for v in k["keys"].values())
+        kernel_ok = (written_keys == nkeys and k["identical"] == k["launches"] and outcomes.get("miss", 0) == 0)
+        ok &= kernel_ok
+        rows.append({"kernel": kid, "keys": nkeys, "written": written_keys, "launches": k["launches"],
+                     "identical": k["identical"], "exact": outcomes.get("exact", 0),
+                     "generic": outcomes.get("generic", 0), "missing": outcomes.get("miss", 0), "ok": kernel_ok,
+                     "key_list": list(k["keys"].values())})
+    return rows, ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle")
+    ap.add_argument("--vllm-src", default=os.path.join(ROOT, ".device", "vllm_src"))
+    ap.add_argument("--interpret", action="store_true", help="CPU, TRITON_INTERPRET=1: the JIT role only")
+    ap.add_argument("--observed", help="write the observed keys here (JSONL, NOJIT_MODE=record format)")
+    ap.add_argument("--json", help="write the full report here")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--steps", help="comma-separated step names (default: all)")
+    ap.add_argument("--list-sources", action="store_true",
+                    help="import the call sites from --vllm-src and print the vLLM files they load (JSON)")
+    ap.add_argument("--child")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.list_sources:
+        print(json.dumps(list_sources(args.vllm_src)))
+        return 0
+    if args.child:
+        child(args)
+        return 0
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(3), "little")
+    if not args.interpret and not args.bundle:
+        ap.error("--bundle is required (or --interpret for the CPU run)")
+    workdir = tempfile.mkdtemp(prefix="nojit-call-sites-")
+    t0 = time.perf_counter()
+    jit = run_role(args, "jit", workdir)
+    loader = None if args.interpret else run_role(args, "loader", workdir)
+    print(f"call sites: vLLM source {args.vllm_src}, seed {args.seed}, {time.perf_counter() - t0:.0f}s", flush=True)
+    failed = [r for r in (jit, loader) if r and "error" in r]
+    if failed:
+        for r in failed:
+            print(r["error"])
+        print("\nRESULT: FAIL (a run did not finish)")
+        return 1
+    for role, r in (("jit", jit), ("loader", loader)):
+        if r is None:
+            continue
+        for name, s in r["steps"].items():
+            status = "ok" if s["ok"] else "ERROR " + s["error"].splitlines()[0][:150]
+            print(f"  {role:6} step {name:24} {s['launches']:4} launches  {status}")
+    rows, ok = compare(jit, loader)
+    steps_ok = all(s["ok"] for r in (jit, loader) if r for s in r["steps"].values())
+    compiles = (len(loader["compiles"]) + len(loader["guard_attempts"])) if loader else 0
+    procs = len(loader["processes"]) if loader else 0
+    print_table(rows, compiles, procs, loader is not None)
+    ok = ok and steps_ok and compiles == 0 and procs == 0
+    if args.observed:
+        write_observed(args.observed, rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"seed": args.seed, "rows": rows, "jit": jit, "loader": loader}, f)
+    print(f"\nRESULT: {'PASS' if ok else 'FAIL'} ({len(rows)} kernels reached, {sum(r['keys'] for r in rows)} keys"
+          f"{', JIT only (interpret)' if loader is None else ''})")
+    return 0 if ok else 1
+
+
+def print_table(rows: list[dict], compiles: int, procs: int, with_loader: bool) -> None:
+    header = ("kernel", "keys", "written", "launches", "identical", "compiles/procs", "exact", "generic", "missing")
+    lines = []
+    for r in rows:
+        name = r["kernel"].rpartition(":")[2] + "  (" + r["kernel"].partition(":")[0].rpartition(".")[2] + ")"
+        lines.append((name, r["keys"], f"{r['written']}/{r['keys']}", r["launches"],
+                      f"{r['identical']}/{r['launches']}" if with_loader else "-",
+                      f"{compiles}/{procs}" if with_loader else "-", r["exact"], r["generic"], r["missing"]))
+    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
+    for line in [header, tuple("-" * w for w in widths), *lines]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
+
+
+def write_observed(path: str, rows: list[dict]) -> None:
+    """One JSON line per observed (kernel, key, outcome), in NOJIT_MODE=record's format."""
+    with open(path, "w") as f:
+        for r in rows:
+            for k in r["key_list"]:
+                f.write(json.dumps({"kernel": r["kernel"], "runtime": "triton", "key": k.get("key"),
+                                    "outcome": k["outcome"], "source_hash": k.get("source_hash")},
+                                   sort_keys=True, separators=(",", ":")) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
