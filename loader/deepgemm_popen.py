@@ -83,10 +83,16 @@ def load_base(path: str) -> int:
 
 @dataclass
 class PopenFirewall:
-    """Answers `<nvcc> --version` with `version_text`; refuses and records every other command."""
+    """Answers `<nvcc> --version` with `version_text`; refuses and records every other command.
+
+    With `allow_others` (permissive and record modes) other commands are recorded and then run by
+    libc's popen, with the stub path replaced by `real_nvcc` when one is given.
+    """
 
     nvcc: str
     version_text: str
+    allow_others: bool = False
+    real_nvcc: str | None = None
     refused: list[str] = field(default_factory=list)
     answered: int = 0
     _open: set[int] = field(default_factory=set)
@@ -99,6 +105,9 @@ class PopenFirewall:
         self._fmemopen.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p]
         self._fclose = libc.fclose
         self._fclose.argtypes = [ctypes.c_void_p]
+        self._real_popen = libc.popen
+        self._real_popen.restype = ctypes.c_void_p
+        self._real_popen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         real_pclose = libc.pclose
         real_pclose.argtypes = [ctypes.c_void_p]
         self._real_pclose = real_pclose
@@ -124,6 +133,10 @@ class PopenFirewall:
             return stream
         with self._lock:
             self.refused.append(text)
+        if self.allow_others:
+            if self.real_nvcc:
+                text = text.replace(self.nvcc, self.real_nvcc)
+            return self._real_popen(text.encode(), mode)
         return None
 
     def _pclose(self, stream: int) -> int:

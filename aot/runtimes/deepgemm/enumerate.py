@@ -81,15 +81,24 @@ def build_stand_ins(work: str, nvcc: str) -> dict[str, str]:
             "DG_JIT_CACHE_DIR": os.path.join(work, "dg_cache")}
 
 
-def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: str | None = None) -> Enumeration:
+def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: str | None = None,
+                   extra_keys: list[dict] | None = None) -> Enumeration:
+    """Every shape at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
+    ({"op", "n", "k", "m"}, e.g. recorded by NOJIT_MODE=record) for shapes or M outside that."""
     nvcc = nvcc or find_nvcc()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     env = dict(os.environ, **build_stand_ins(work, nvcc), NOJIT_DG_NUM_SMS=str(d.platform.sm_count))
     ms = ms or list(range(1, d.max_num_batched_tokens + 1))
-    ops = [{"op": "fp8_gemm_nt", "name": s.name, "n": s.n, "k": s.k} for s in fp8_gemm_nt_shapes(d)]
+    ops = [{"op": "fp8_gemm_nt", "name": s.name, "n": s.n, "k": s.k, "ms": ms} for s in fp8_gemm_nt_shapes(d)]
+    for extra in extra_keys or []:
+        if extra.get("op") != "fp8_gemm_nt":
+            raise BuildError(f"recorded DeepGEMM key {extra} is for an op nojit does not enumerate yet",
+                             fix="only fp8_gemm_nt keys can be added today")
+        ops.append({"op": "fp8_gemm_nt", "name": "recorded", "n": int(extra["n"]), "k": int(extra["k"]),
+                    "ms": [int(extra["m"])]})
     spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "keys.jsonl")
     with open(spec_path, "w") as f:
-        json.dump({"ops": ops, "ms": ms, "num_sms": d.platform.sm_count, "pdl": d.platform.pdl, "out": out_path}, f)
+        json.dump({"ops": ops, "num_sms": d.platform.sm_count, "pdl": d.platform.pdl, "out": out_path}, f)
     proc = subprocess.run([sys.executable, "-m", "nojit.aot.runtimes.deepgemm.enumerate_worker", spec_path],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:

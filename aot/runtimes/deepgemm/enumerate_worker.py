@@ -2,8 +2,8 @@
 meta tensors for every shape and M, so DeepGEMM's own heuristics pick the configuration and its own
 code generator writes the kernel source; the stand-ins record what it asked for.
 
-Input (argv[1]): JSON {"ops": [{"op": "fp8_gemm_nt", "name", "n", "k"}], "ms": [..], "num_sms": int,
-"out": path}. Output: JSON lines {"op", "name", "n", "k", "m", "entry"} where entry is the cache
+Input (argv[1]): JSON {"ops": [{"op": "fp8_gemm_nt", "name", "n", "k", "ms": [..]}], "num_sms": int,
+"pdl": bool, "out": path}. Output: JSON lines {"op", "name", "n", "k", "m", "entry"} where entry is the cache
 directory name DeepGEMM looked up (`<kernel>.<digest>`), read from the driver stand-in's log.
 """
 
@@ -45,7 +45,7 @@ def main() -> None:
             n, k = op["n"], op["k"]
             b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=meta)
             sfb = torch.empty((n + 127) // 128, (k + 127) // 128, dtype=torch.float32, device=meta)
-            for m in spec["ms"]:
+            for m in op["ms"]:
                 a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=meta)
                 aligned = (m + 3) // 4 * 4  # DeepGEMM's TMA-aligned MN-major SF layout (utils/layout)
                 sfa = torch.empty_strided((m, (k + 127) // 128), (1, aligned), dtype=torch.float32, device=meta)
