@@ -37,7 +37,7 @@ class DeepGemmServing:
     originals: dict[str, Callable[..., Any]]
 
 
-def _extension_path(dg: Any) -> str:
+def extension_path(dg: Any) -> str:
     pkg = os.path.dirname(dg.__file__)
     names = [n for n in os.listdir(pkg) if n.startswith("_C_extension") and n.endswith(".so")]
     if len(names) != 1:
@@ -116,7 +116,7 @@ def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes],
             fix="rebuild the bundle with this vLLM's DeepGEMM")
     firewall = PopenFirewall(nvcc=stub, version_text=section["nvcc_version"], allow_others=mode is not Mode.STRICT,
                              real_nvcc=real_nvcc)
-    firewall.install(_extension_path(dg))
+    firewall.install(extension_path(dg))
     serving = DeepGemmServing(root, firewall, section, bundle_path, {})
     for op in WRAPPED:
         if hasattr(vllm_dg, op):

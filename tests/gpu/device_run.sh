@@ -10,6 +10,8 @@
 #   tilelang mHC kernels of .device/tilelang.nojit against float64 references, TileLang absent
 #   merge    one bundle: this machine's Triton entries + the TileLang entries, verified
 #   pytest   the GPU tests of the suite (tests/gpu, marker gpu)
+#   deepgemm DeepGEMM cubins built on the GPU-less box (.device/deepgemm from tools/prepare_deepgemm_device.py)
+#            served through DeepGEMM's own cache lookup: fp8_gemm_nt vs a float32 reference, no compile, timed
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -75,6 +77,16 @@ PY
     pytest)
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
+      ;;
+    deepgemm)
+      if command -v strace >/dev/null; then
+        strace -f -qq -e trace=execve,access -o "$OUT/deepgemm.strace" python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm \
+          --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
+        echo "processes started while DeepGEMM ran (execve between the check's markers):" \
+          "$(awk '/nojit-deepgemm-calls-begin/{on=1} /nojit-deepgemm-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/deepgemm.strace")"
+      else
+        python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
+      fi
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

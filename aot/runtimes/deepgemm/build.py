@@ -13,6 +13,7 @@ import hashlib
 import time
 from typing import Any
 
+import vllm.envs as envs
 import vllm.third_party.deep_gemm as dg
 
 from nojit.aot.deployment import Deployment
@@ -37,6 +38,7 @@ def build_deepgemm_section(d: Deployment, work: str, jobs: int = 1, only: set[st
         "nvcc_version": en.nvcc_version,
         "sm_count": d.platform.sm_count,
         "pdl": d.platform.pdl,
+        "use_ue8m0": bool(envs.VLLM_USE_DEEP_GEMM_E8M0),  # as the enumeration worker passed it
         "entries": {c.name: {"cubin": hashlib.sha256(c.cubin).hexdigest(), "source": c.source} for c in compiled},
         "keys": compress_keys(en.keys),
         "not_compiled": sorted(set(names) - set(chosen)),
