@@ -21,6 +21,7 @@ from typing import Any
 from nojit.loader.deepgemm_cache import find_key, seed
 from nojit.loader.deepgemm_popen import PopenFirewall
 from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError
+from nojit.loader.policy import KeyRecorder
 from nojit.loader.settings import Mode
 
 # vLLM's DeepGEMM entry points (vllm/utils/deep_gemm.py) that reach DeepGEMM's JIT for DeepSeek-V4 on sm_90
@@ -79,25 +80,34 @@ def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], before: i
         "with NOJIT_MODE=record, then `nojit build --add-keys keys.jsonl`; NOJIT_MODE=permissive lets DeepGEMM compile")
 
 
-def _wrap(serving: DeepGemmServing, module: Any, op: str, mode: Mode) -> None:
+def _wrap(serving: DeepGemmServing, module: Any, op: str, mode: Mode, recorder: KeyRecorder | None) -> None:
     original = getattr(module, op)
+
+    def record(args: tuple[Any, ...]) -> None:
+        shape = _shape_of(op, args)
+        if recorder is not None and shape:  # the form `nojit build --add-keys` passes to enumerate_keys
+            recorder.record(f"deep_gemm:{op}", "deepgemm", {"op": op, "n": shape[0], "k": shape[1], "m": shape[2]},
+                            "miss", "")
 
     @functools.wraps(original)
     def served(*args: Any, **kwargs: Any) -> Any:
         before = len(serving.firewall.refused)
         try:
-            return original(*args, **kwargs)
+            out = original(*args, **kwargs)
         except RuntimeError as exc:
             if mode is Mode.STRICT and len(serving.firewall.refused) > before:
                 raise _refusal(serving, op, args, before) from exc
             raise
+        if len(serving.firewall.refused) > before:  # permissive/record: DeepGEMM compiled it
+            record(args)
+        return out
 
     serving.originals[op] = original
     setattr(module, op, served)
 
 
 def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes], bundle_path: str,
-                     mode: Mode) -> DeepGemmServing:
+                     mode: Mode, recorder: KeyRecorder | None = None) -> DeepGemmServing:
     """Seed, point, firewall, wrap. Call before vLLM's first DeepGEMM call (the plugin runs first)."""
     root = seed(section, read_blob, bundle_path)
     stub = os.path.join(root, "bin", "nvcc")
@@ -120,5 +130,5 @@ def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes],
     serving = DeepGemmServing(root, firewall, section, bundle_path, {})
     for op in WRAPPED:
         if hasattr(vllm_dg, op):
-            _wrap(serving, vllm_dg, op, mode)
+            _wrap(serving, vllm_dg, op, mode, recorder)
     return serving

@@ -100,3 +100,32 @@ def test_deepgemm_own_lookup_finds_seeded_entries_without_a_process(tmp_path) ->
     assert not bad["ok"] and bad["n_wrong"] >= 1 and bad["refused"] and "nvcc" in bad["refused"][0]
     if bad["traced"]:
         assert bad["processes_started"] == []
+
+
+def test_strict_refusal_names_kernel_shape_and_m(tmp_path) -> None:
+    """A refused compile (the firewall saw DeepGEMM's nvcc command) becomes KernelNotInBundleError."""
+    from types import SimpleNamespace
+
+    from nojit.loader.deepgemm_popen import PopenFirewall
+    from nojit.loader.deepgemm_serving import DeepGemmServing, _wrap
+    from nojit.loader.errors import KernelNotInBundleError
+    from nojit.loader.settings import Mode
+
+    staged = tmp_path / "tmp" / "123-abc"
+    staged.mkdir(parents=True)
+    (staged / "kernel.cu").write_text("#include <x>\nsm90_fp8_gemm_1d2d_impl<K, 0, 8192, 1024, 64, 32>\n")
+    firewall = PopenFirewall(nvcc="/stub/nvcc", version_text="v")
+    serving = DeepGemmServing(str(tmp_path), firewall, {"keys": []}, "b.nojit", {})
+
+    def fp8_gemm_nt(a, b, d, **kw):  # stands in for DeepGEMM on a miss: its compile command is refused
+        firewall.refused.append(f"cd {staged} && /stub/nvcc {staged}/kernel.cu --cubin 2>&1")
+        raise RuntimeError("Assertion error (command.hpp:24): pipe != nullptr: failed to run command")
+
+    module = SimpleNamespace(fp8_gemm_nt=fp8_gemm_nt)
+    _wrap(serving, module, "fp8_gemm_nt", Mode.STRICT, None)
+    tensor = lambda *shape: SimpleNamespace(shape=shape)  # noqa: E731
+    with pytest.raises(KernelNotInBundleError) as info:
+        module.fp8_gemm_nt((tensor(77, 1024), None), (tensor(8192, 1024), None), None)
+    text = str(info.value)
+    assert "deep_gemm:fp8_gemm_nt" in text and "N=8192 K=1024 M=77" in text
+    assert "sm90_fp8_gemm_1d2d_impl<K, 0, 8192, 1024, 64, 32>" in text and "--add-keys" in text

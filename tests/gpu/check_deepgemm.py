@@ -89,6 +89,9 @@ def main() -> int:
     so = [n for n in os.listdir(os.path.dirname(dg.__file__)) if n.startswith("_C_extension")][0]
     firewall = popen.PopenFirewall(nvcc=stub, version_text=section["nvcc_version"])
     firewall.install(os.path.join(os.path.dirname(dg.__file__), so))
+    if not torch.cuda.is_available():
+        print("no CUDA device: this check runs on the H200 (tests/gpu/device_run.sh deepgemm)")
+        return finish(1)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if sms != section["sm_count"]:
         print(f"bundle built for {section['sm_count']} SMs, this GPU has {sms}")
