@@ -24,6 +24,9 @@ _POPEN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p)
 _PCLOSE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 
 
+_PINNED: list["PopenFirewall"] = []  # the patched slots point into these callbacks: never collected
+
+
 class PopenFirewallError(NoJitError):
     """The DeepGEMM extension cannot be firewalled (unexpected ELF layout or not loaded)."""
 
@@ -120,6 +123,7 @@ class PopenFirewall:
             if not _writable(base + slots[name]):
                 raise PopenFirewallError(f"{extension_path}: the {name} slot is read-only (RELRO/BIND_NOW)",
                                          "this DeepGEMM build is not supported by nojit's in-process probe answer")
+        _PINNED.append(self)
         for name, callback in (("popen", self._popen_cb), ("pclose", self._pclose_cb)):
             ctypes.c_void_p.from_address(base + slots[name]).value = ctypes.cast(callback, ctypes.c_void_p).value
 
