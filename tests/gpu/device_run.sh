@@ -12,6 +12,8 @@
 #   pytest   the GPU tests of the suite (tests/gpu, marker gpu)
 #   callsites  vLLM's own call sites (.device/vllm_src) on a prefill, decode, mixed, MTP and sampling step:
 #            loader (strict) vs JIT per launch, outputs poisoned, observed keys against the plan and bundle
+#   deepgemm DeepGEMM cubins built on the GPU-less box (.device/deepgemm from tools/prepare_deepgemm_device.py)
+#            served through DeepGEMM's own cache lookup: fp8_gemm_nt vs a float32 reference, no compile, timed
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -84,6 +86,16 @@ PY
     pytest)
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
+      ;;
+    deepgemm)
+      if command -v strace >/dev/null; then
+        strace -f -qq -e trace=execve,access -o "$OUT/deepgemm.strace" python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm \
+          --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
+        echo "processes started while DeepGEMM ran (execve between the check's markers):" \
+          "$(awk '/nojit-deepgemm-calls-begin/{on=1} /nojit-deepgemm-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/deepgemm.strace")"
+      else
+        python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
+      fi
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -1,0 +1,112 @@
+"""Enumerate DeepGEMM's compile keys for a deployment on a GPU-less box, with DeepGEMM's own code.
+
+A worker process runs DeepGEMM's real op entry points (enumerate_worker.py) with three stand-ins
+that only answer and record: fake_cudart (LD_PRELOAD: device properties of an sm_90 GPU with the
+deployment's SM count; meta tensors pass its is_cuda checks), fake libcuda.so.1 (records TMA
+descriptors, loads, launches; runs nothing) and nvcc_recorder.sh (answers `--version` with the real
+nvcc's text, which is part of DeepGEMM's cache key, and writes a placeholder cubin). DeepGEMM
+itself picks each configuration, writes each kernel.cu and names each cache entry
+`<kernel>.<digest>`; nothing is re-derived here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+
+from nojit.aot.deployment import Deployment
+from nojit.aot.runtimes.deepgemm.shapes import fp8_gemm_nt_shapes
+from nojit.loader.errors import BuildError
+
+
+@dataclass(frozen=True)
+class Enumeration:
+    keys: list[dict]            # one per (op, shape, M): {"op", "name", "n", "k", "m", "entry"}
+    cache_dir: str              # DeepGEMM's cache as the enumeration left it (kernel.cu + placeholder cubins)
+    nvcc: str
+    nvcc_version: str
+
+    def entries(self) -> dict[str, list[dict]]:
+        """entry name -> the keys that use it."""
+        out: dict[str, list[dict]] = {}
+        for key in self.keys:
+            out.setdefault(key["entry"], []).append(key)
+        return out
+
+
+def find_nvcc() -> str:
+    home = os.environ.get("CUDA_HOME")
+    for cand in (os.environ.get("NOJIT_NVCC"), home and os.path.join(home, "bin", "nvcc"),
+                 "/usr/local/cuda/bin/nvcc", shutil.which("nvcc")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise BuildError("no nvcc found for DeepGEMM entries",
+                     fix="install nvcc 13.x (e.g. the nvidia-cuda-nvcc wheel) or set NOJIT_NVCC")
+
+
+def _cuda_include(nvcc: str) -> str:
+    inc = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
+    if not os.path.exists(os.path.join(inc, "cuda.h")):
+        raise BuildError(f"no cuda.h next to {nvcc}", fix="point NOJIT_NVCC at a full CUDA toolkit's nvcc")
+    return inc
+
+
+def build_stand_ins(work: str, nvcc: str) -> dict[str, str]:
+    """Compile the two C stand-ins and place the recording nvcc; returns the environment to run under."""
+    src = resources.files("nojit.aot.runtimes.deepgemm").joinpath("fake_device")
+    inc = _cuda_include(nvcc)
+    os.makedirs(os.path.join(work, "lib"), exist_ok=True)
+    os.makedirs(os.path.join(work, "cuda_home", "bin"), exist_ok=True)
+    cudart = os.path.join(work, "lib", "libnojit_fake_cudart.so")
+    libcuda = os.path.join(work, "lib", "libcuda.so.1")
+    cc = os.environ.get("CC", "cc")
+    for source, target, extra in (("fake_cudart.c", cudart, ["-ldl"]),
+                                  ("fake_libcuda.c", libcuda, ["-Wl,-soname,libcuda.so.1"])):
+        cmd = [cc, "-shared", "-fPIC", "-O1", f"-I{inc}", "-o", target, str(src.joinpath(source)), *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"cannot build the DeepGEMM stand-in {source}: {proc.stderr.strip()[:500]}",
+                             fix="install a host C compiler (gcc) on the build box")
+    recorder = os.path.join(work, "cuda_home", "bin", "nvcc")
+    shutil.copy(str(src.joinpath("nvcc_recorder.sh")), recorder)
+    os.chmod(recorder, 0o755)
+    return {"LD_PRELOAD": cudart, "LD_LIBRARY_PATH": os.path.join(work, "lib"),
+            "CUDA_HOME": os.path.join(work, "cuda_home"), "DG_JIT_NVCC_COMPILER": recorder,
+            "NOJIT_DG_REAL_NVCC": nvcc, "NOJIT_DG_LOG": os.path.join(work, "driver.jsonl"),
+            "DG_JIT_CACHE_DIR": os.path.join(work, "dg_cache")}
+
+
+def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: str | None = None,
+                   extra_keys: list[dict] | None = None) -> Enumeration:
+    """Every shape at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
+    ({"op", "n", "k", "m"}, e.g. recorded by NOJIT_MODE=record) for shapes or M outside that."""
+    nvcc = nvcc or find_nvcc()
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, **build_stand_ins(work, nvcc), NOJIT_DG_NUM_SMS=str(d.platform.sm_count))
+    ms = ms or list(range(1, d.max_num_batched_tokens + 1))
+    ops = [{"op": "fp8_gemm_nt", "name": s.name, "n": s.n, "k": s.k, "ms": ms} for s in fp8_gemm_nt_shapes(d)]
+    for extra in extra_keys or []:
+        if extra.get("op") != "fp8_gemm_nt":
+            raise BuildError(f"recorded DeepGEMM key {extra} is for an op nojit does not enumerate yet",
+                             fix="only fp8_gemm_nt keys can be added today")
+        ops.append({"op": "fp8_gemm_nt", "name": "recorded", "n": int(extra["n"]), "k": int(extra["k"]),
+                    "ms": [int(extra["m"])]})
+    spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "keys.jsonl")
+    with open(spec_path, "w") as f:
+        json.dump({"ops": ops, "num_sms": d.platform.sm_count, "pdl": d.platform.pdl, "out": out_path}, f)
+    proc = subprocess.run([sys.executable, "-m", "nojit.aot.runtimes.deepgemm.enumerate_worker", spec_path],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"DeepGEMM key enumeration failed: {proc.stderr.strip()[-1500:]}",
+                         fix="see the error above; the stand-ins are in " + work)
+    with open(out_path) as f:
+        keys = [json.loads(line) for line in f]
+    missing = [k for k in keys if not k["entry"]]
+    if missing:
+        raise BuildError(f"DeepGEMM launched no kernel for {missing[0]}", fix="report this shape")
+    return Enumeration(keys, env["DG_JIT_CACHE_DIR"], nvcc, version)

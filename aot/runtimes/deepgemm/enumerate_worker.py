@@ -1,0 +1,84 @@
+"""Runs inside the fake-device process (see enumerate.py): calls DeepGEMM's own op entry points with
+meta tensors for every shape and M, so DeepGEMM's own heuristics pick the configuration and its own
+code generator writes the kernel source; the stand-ins record what it asked for.
+
+Input (argv[1]): JSON {"ops": [{"op": "fp8_gemm_nt", "name", "n", "k", "ms": [..]}], "num_sms": int,
+"pdl": bool, "out": path}. Output: JSON lines {"op", "name", "n", "k", "m", "entry"} where entry is the cache
+directory name DeepGEMM looked up (`<kernel>.<digest>`), read from the driver stand-in's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    spec = json.loads(open(sys.argv[1]).read())
+    import torch
+    import vllm.envs as envs
+    import vllm.third_party.deep_gemm as dg
+
+    firewall = None
+    if spec.get("firewall"):  # lookup check: serve from a seeded cache, probe answered in process
+        from nojit.loader.deepgemm_popen import PopenFirewall
+        from nojit.loader.deepgemm_serving import extension_path
+
+        firewall = PopenFirewall(nvcc=spec["firewall"]["nvcc"], version_text=spec["firewall"]["version_text"])
+        firewall.install(extension_path(dg))
+    dg.set_pdl(spec["pdl"])  # vllm/utils/deep_gemm.py: _apply_pdl(_dg, True) when the platform supports PDL
+    dg.set_num_sms(spec["num_sms"])
+    use_ue8m0 = bool(envs.VLLM_USE_DEEP_GEMM_E8M0)  # vllm/utils/deep_gemm.py:138 fp8_gemm_nt's cast flag
+    cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+    log_path = os.environ["NOJIT_DG_LOG"]
+    open(log_path, "a").close()
+    log = open(log_path)
+    libraries: dict[int, str] = {}
+    library_paths: dict[int, str] = {}
+    last_fn = None
+
+    def drain() -> None:
+        nonlocal last_fn
+        for line in log:
+            ev = json.loads(line)
+            if ev["ev"] == "load":
+                fn = 0x1000 + len(libraries) + 1  # fake_libcuda.c: library handles count from 1, kernel = 0x1000 + handle
+                libraries[fn] = os.path.basename(os.path.dirname(ev["path"]))
+                library_paths[fn] = ev["path"]
+            elif ev["ev"] == "launch":
+                last_fn = ev["fn"]
+
+    meta = "meta"
+    os.access("/nojit-deepgemm-calls-begin", os.F_OK)  # a marker for an exec trace
+    with open(spec["out"], "w") as out:
+        for op in spec["ops"]:
+            n, k = op["n"], op["k"]
+            b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=meta)
+            sfb = torch.empty((n + 127) // 128, (k + 127) // 128, dtype=torch.float32, device=meta)
+            for m in op["ms"]:
+                a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=meta)
+                aligned = (m + 3) // 4 * 4  # DeepGEMM's TMA-aligned MN-major SF layout (utils/layout)
+                sfa = torch.empty_strided((m, (k + 127) // 128), (1, aligned), dtype=torch.float32, device=meta)
+                d = torch.empty(m, n, dtype=torch.bfloat16, device=meta)
+                last_fn, error = None, None
+                try:
+                    torch.ops.deep_gemm.fp8_fp4_gemm_nt.default.redispatch(
+                        cuda, a, sfa, b, sfb, d, None, None, None, None, "nk", not use_ue8m0, None, 0, None, None)
+                except RuntimeError as exc:
+                    if firewall is None:
+                        raise
+                    error = str(exc).splitlines()[0][:300]
+                drain()
+                entry = libraries.get(last_fn) if last_fn is not None else None
+                out.write(json.dumps({"op": op["op"], "name": op["name"], "n": n, "k": k, "m": m,
+                                      "entry": entry, "library": library_paths.get(last_fn), "error": error}) + "\n")
+
+    os.access("/nojit-deepgemm-calls-end", os.F_OK)
+    if firewall is not None:
+        with open(spec["out"] + ".firewall.json", "w") as f:
+            json.dump({"answered": firewall.answered, "refused": firewall.refused}, f)
+
+
+if __name__ == "__main__":
+    main()

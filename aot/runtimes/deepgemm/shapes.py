@@ -1,0 +1,46 @@
+"""The block-FP8 GEMM shapes (N, K) of DeepSeek-V4-Flash that reach DeepGEMM's fp8_gemm_nt, per TP rank.
+
+Read from vLLM 0.33.0 (paths under vllm/models/deepseek_v4/): each linear's (input, output) sizes
+and its parallel style; the sizes come from the deployment's HF config, the split from its TP size
+(column-parallel splits N, each merged output separately; row-parallel splits K; replicated splits
+nothing). Which linears are block-FP8 is decided by the checkpoint's quantization config; every
+linear below is listed, so a shape the checkpoint leaves in BF16 costs only unused entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nojit.aot.deployment import Deployment
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    name: str      # the vLLM module it serves, with the line it was read from
+    n: int
+    k: int
+
+
+def fp8_gemm_nt_shapes(d: Deployment) -> list[GemmShape]:
+    c, tp = d.hf_config, d.tensor_parallel_size
+    hidden, q_lora, head_dim = c["hidden_size"], c["q_lora_rank"], c["head_dim"]
+    heads, groups, o_lora = c["num_attention_heads"], c["o_groups"], c["o_lora_rank"]
+    shared_inter = c["moe_intermediate_size"] * c["n_shared_experts"]
+    shapes = [
+        # attention.py:252 MergedColumnParallelLinear(hidden, [q_lora_rank, head_dim])
+        GemmShape("attention.fused_wqa_wkv", (q_lora + head_dim) // tp, hidden),
+        # attention.py:261 ColumnParallelLinear(q_lora_rank, n_heads * head_dim)
+        GemmShape("attention.wq_b", heads * head_dim // tp, q_lora),
+        # attention.py:281 RowParallelLinear(n_groups * o_lora_rank, hidden)
+        GemmShape("attention.wo_b", hidden, groups * o_lora // tp),
+        # attention.py:990 indexer ReplicatedLinear(q_lora_rank, index_head_dim * index_n_heads)
+        GemmShape("indexer.wq_b", c["index_head_dim"] * c["index_n_heads"], q_lora),
+        # nvidia/model.py:153 shared expert MergedColumnParallelLinear(hidden, [inter] * 2)
+        GemmShape("shared_expert.gate_up_proj", 2 * shared_inter // tp, hidden),
+        # nvidia/model.py:161 shared expert RowParallelLinear(inter, hidden)
+        GemmShape("shared_expert.down_proj", hidden, shared_inter // tp),
+    ]
+    if d.speculative_method == "mtp":
+        # nvidia/mtp.py:103, 111 ReplicatedLinear(hidden, hidden): e_proj, h_proj
+        shapes.append(GemmShape("mtp.e_proj/h_proj", hidden, hidden))
+    return shapes

@@ -1,0 +1,94 @@
+"""DeepGEMM's own JIT cache, seeded from the bundle: the key scheme is DeepGEMM's, the files nojit's.
+
+DeepGEMM 2.8.1 (vLLM's vendored copy) looks a kernel up as
+`$DG_JIT_CACHE_DIR/cache/<kernel>.<digest>/kernel.cubin` (with `.committed` beside it), where the
+digest covers the generated source, the flags and the text of `nvcc --version` (measured: the
+same source under another nvcc version text gets another digest; the nvcc path and DeepGEMM's
+install path do not change it). The bundle holds each entry under that exact name, so DeepGEMM's
+own lookup finds it. The directory is written once per bundle (named by the section's digest),
+every cubin checked against its sha256 each time it is opened, and the entries left read-only.
+
+The bundle's DeepGEMM section (a plain dict in the manifest):
+    {"deep_gemm_version": "2.8.1", "nvcc_version": "<text of nvcc --version>", "sm_count": 132,
+     "entries": {"<kernel>.<digest>": {"cubin": "<blob sha256>", "source": "<kernel.cu text>"}},
+     "keys": [[op, shape_name, n, k, m_first, m_last, entry], ...]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from nojit.loader.errors import BundleCorruptError
+
+STUB_NVCC = "#!/bin/sh\n# nojit: DeepGEMM's compiler is answered in process; this file is never run.\nexit 127\n"
+
+
+def section_digest(section: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cache_root(section: dict[str, Any], base: str | None = None) -> str:
+    base = base or os.environ.get("NOJIT_DEEPGEMM_DIR") or os.path.join(tempfile.gettempdir(), "nojit-deepgemm")
+    return os.path.join(base, section_digest(section))
+
+
+def _write_once(path: str, data: bytes, mode: int) -> None:
+    if os.path.exists(path):
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def seed(section: dict[str, Any], read_blob: Callable[[str], bytes], bundle_path: str, base: str | None = None) -> str:
+    """Materialize every entry; returns the DG_JIT_CACHE_DIR to use. Idempotent across ranks."""
+    root = cache_root(section, base)
+    os.makedirs(os.path.join(root, "cache"), exist_ok=True)
+    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)  # where DeepGEMM stages a miss (then refused)
+    os.makedirs(os.path.join(root, "bin"), exist_ok=True)
+    _write_once(os.path.join(root, "bin", "nvcc"), STUB_NVCC.encode(), 0o555)
+    for name, entry in section["entries"].items():
+        if "/" in name or name.startswith("."):
+            raise BundleCorruptError(f"bundle {bundle_path}: bad DeepGEMM entry name {name!r}",
+                                     fix="rebuild the bundle with `nojit build`")
+        d = os.path.join(root, "cache", name)
+        os.makedirs(d, exist_ok=True)
+        cubin_path = os.path.join(d, "kernel.cubin")
+        if not os.path.exists(cubin_path):
+            _write_once(cubin_path, read_blob(entry["cubin"]), 0o444)
+        with open(cubin_path, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != entry["cubin"]:
+                raise BundleCorruptError(
+                    f"DeepGEMM entry {name}: {cubin_path} does not match its sha256 {entry['cubin'][:16]}...",
+                    fix=f"remove {root} (it is rebuilt from the bundle {bundle_path})")
+        _write_once(os.path.join(d, "kernel.cu"), entry["source"].encode(), 0o444)
+        _write_once(os.path.join(d, ".committed"), b"", 0o444)
+    return root
+
+
+def find_key(section: dict[str, Any], op: str, n: int, k: int, m: int) -> str | None:
+    """The entry the build saw DeepGEMM pick for (op, n, k, m), for messages and coverage."""
+    for row in section["keys"]:
+        if row[0] == op and row[2] == n and row[3] == k and row[4] <= m <= row[5]:
+            return row[6]
+    return None
+
+
+def compress_keys(keys: list[dict]) -> list[list]:
+    """[{op, name, n, k, m, entry}] -> rows with runs of consecutive M on one entry merged."""
+    rows: list[list] = []
+    for key in sorted(keys, key=lambda x: (x["op"], x["name"], x["n"], x["k"], x["m"])):
+        last = rows[-1] if rows else None
+        if (last and last[0] == key["op"] and last[1] == key["name"] and last[2] == key["n"]
+                and last[3] == key["k"] and last[6] == key["entry"] and last[5] + 1 == key["m"]):
+            last[5] = key["m"]
+        else:
+            rows.append([key["op"], key["name"], key["n"], key["k"], key["m"], key["m"], key["entry"]])
+    return rows

@@ -1,0 +1,134 @@
+"""Serve DeepGEMM from the bundle through DeepGEMM's own cache lookup, with no compiler and no process.
+
+install_deepgemm() seeds the cache (deepgemm_cache), points DeepGEMM at it (DG_JIT_CACHE_DIR, and
+DG_JIT_NVCC_COMPILER at a stub that is never run), and answers DeepGEMM's `nvcc --version` probe in
+process (deepgemm_popen) with the text the bundle was built under, so DeepGEMM computes the same
+keys. A key the bundle lacks reaches DeepGEMM's compile command, which the firewall refuses in
+strict mode (no process starts); vLLM's DeepGEMM wrappers then raise KernelNotInBundleError naming
+the kernel DeepGEMM generated, the shape and M, and how to add it. Permissive and record modes let
+the command run (DeepGEMM compiles as usual) and record mode writes the key for `--add-keys`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nojit.loader.deepgemm_cache import find_key, seed
+from nojit.loader.deepgemm_popen import PopenFirewall
+from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError
+from nojit.loader.policy import KeyRecorder
+from nojit.loader.settings import Mode
+
+# vLLM's DeepGEMM entry points (vllm/utils/deep_gemm.py) that reach DeepGEMM's JIT for DeepSeek-V4 on sm_90
+WRAPPED = ("fp8_gemm_nt", "fp8_einsum", "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "tf32_hc_prenorm_gemm")
+_STAGED_SOURCE = re.compile(r"cd (\S+) && ")
+
+
+@dataclass
+class DeepGemmServing:
+    cache_dir: str
+    firewall: PopenFirewall
+    section: dict[str, Any]
+    bundle_path: str
+    originals: dict[str, Callable[..., Any]]
+
+
+def extension_path(dg: Any) -> str:
+    pkg = os.path.dirname(dg.__file__)
+    names = [n for n in os.listdir(pkg) if n.startswith("_C_extension") and n.endswith(".so")]
+    if len(names) != 1:
+        raise BundleMismatchError(f"DeepGEMM at {pkg} has {len(names)} _C_extension libraries",
+                                  fix="install vLLM 0.33.0's vendored DeepGEMM unchanged")
+    return os.path.join(pkg, names[0])
+
+
+def _shape_of(op: str, args: tuple[Any, ...]) -> tuple[int, int, int] | None:
+    """(n, k, m) of an fp8_gemm_nt call ((a, sfa), (b, sfb), d, ...), for the message."""
+    try:
+        if op == "fp8_gemm_nt":
+            a, b = args[0][0], args[1][0]
+            return int(b.shape[0]), int(b.shape[1]), int(a.shape[0])
+    except (IndexError, TypeError, AttributeError):
+        pass
+    return None
+
+
+def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], before: int) -> KernelNotInBundleError:
+    command = serving.firewall.refused[before] if len(serving.firewall.refused) > before else ""
+    staged = _STAGED_SOURCE.match(command)
+    source = ""
+    if staged:
+        try:
+            with open(os.path.join(staged.group(1), "kernel.cu")) as f:
+                source = " ".join(line.strip() for line in f if line.strip() and not line.startswith("#"))
+        except OSError:
+            pass
+    shape = _shape_of(op, args)
+    where = f"N={shape[0]} K={shape[1]} M={shape[2]}" if shape else "shape not decoded"
+    nearest = find_key(serving.section, op, *shape) if shape else None
+    key = f"DeepGEMM {op} {where}: generated kernel [{source[:400]}]"
+    if nearest:
+        key += f" (the build mapped this shape and M to {nearest}: DeepGEMM's key differs, check nvcc/DeepGEMM versions)"
+    return KernelNotInBundleError(
+        f"deep_gemm:{op}", key, serving.bundle_path,
+        fix=f"add M={shape[2] if shape else '?'} for this shape to the deployment (max_num_batched_tokens) or record it "
+        "with NOJIT_MODE=record, then `nojit build --add-keys keys.jsonl`; NOJIT_MODE=permissive lets DeepGEMM compile")
+
+
+def _wrap(serving: DeepGemmServing, module: Any, op: str, mode: Mode, recorder: KeyRecorder | None) -> None:
+    original = getattr(module, op)
+
+    def record(args: tuple[Any, ...]) -> None:
+        shape = _shape_of(op, args)
+        if recorder is not None and shape:  # the form `nojit build --add-keys` passes to enumerate_keys
+            recorder.record(f"deep_gemm:{op}", "deepgemm", {"op": op, "n": shape[0], "k": shape[1], "m": shape[2]},
+                            "miss", "")
+
+    @functools.wraps(original)
+    def served(*args: Any, **kwargs: Any) -> Any:
+        before = len(serving.firewall.refused)
+        try:
+            out = original(*args, **kwargs)
+        except RuntimeError as exc:
+            if mode is Mode.STRICT and len(serving.firewall.refused) > before:
+                raise _refusal(serving, op, args, before) from exc
+            raise
+        if len(serving.firewall.refused) > before:  # permissive/record: DeepGEMM compiled it
+            record(args)
+        return out
+
+    serving.originals[op] = original
+    setattr(module, op, served)
+
+
+def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes], bundle_path: str,
+                     mode: Mode, recorder: KeyRecorder | None = None) -> DeepGemmServing:
+    """Seed, point, firewall, wrap. Call before vLLM's first DeepGEMM call (the plugin runs first)."""
+    root = seed(section, read_blob, bundle_path)
+    stub = os.path.join(root, "bin", "nvcc")
+    os.environ["DG_JIT_CACHE_DIR"] = root
+    os.environ["DG_JIT_NVCC_COMPILER"] = stub
+    home = os.environ.get("CUDA_HOME", "")
+    real_nvcc = os.path.join(home, "bin", "nvcc") if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK) else None
+    if not os.path.isdir(home):
+        os.environ["CUDA_HOME"] = root  # DeepGEMM requires an existing CUDA_HOME; nothing is read from it
+    import vllm.third_party.deep_gemm as dg
+    import vllm.utils.deep_gemm as vllm_dg
+
+    if dg.__version__ != section["deep_gemm_version"]:
+        raise BundleMismatchError(
+            f"bundle {bundle_path} holds DeepGEMM {section['deep_gemm_version']} entries, installed is {dg.__version__}",
+            fix="rebuild the bundle with this vLLM's DeepGEMM")
+    firewall = PopenFirewall(nvcc=stub, version_text=section["nvcc_version"], allow_others=mode is not Mode.STRICT,
+                             real_nvcc=real_nvcc)
+    firewall.install(extension_path(dg))
+    serving = DeepGemmServing(root, firewall, section, bundle_path, {})
+    for op in WRAPPED:
+        if hasattr(vllm_dg, op):
+            _wrap(serving, vllm_dg, op, mode, recorder)
+    return serving
