@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import zstandard
 
 from nojit.loader.bundle_file import HEADER, Header, canonical_json
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 from nojit.loader.manifest import FORMAT_VERSION, BlobRef, Entry, KernelRecord, Manifest, Producer, Target
 
 ZSTD_LEVEL = 19

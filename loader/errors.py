@@ -45,7 +45,3 @@ class CompileForbiddenError(NoJitError):
 
 class LaunchError(NoJitError):
     """The CUDA driver refused to load or launch a bundled kernel."""
-
-
-class BuildError(NoJitError):
-    """`nojit build` cannot produce a bundle from its inputs."""

@@ -28,11 +28,11 @@ log = logging.getLogger("nojit")
 Resolver = Callable[[str], Any]
 
 
-def resolve_object(kernel_id: str) -> Any:
-    """The live object named "module:qualname" (importing the module)."""
+def resolve_object(kernel_id: str, import_module: Callable[[str], Any] = importlib.import_module) -> Any:
+    """The live object named "module:qualname" (importing the module with `import_module`)."""
     module_name, _, qualname = kernel_id.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = import_module(module_name)
     except ImportError as exc:
         raise BundleMismatchError(
             f"kernel {kernel_id}: module {module_name} cannot be imported ({exc})",

@@ -20,12 +20,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
+from nojit.aot.target import TARGET
 from nojit.loader.manifest import TritonLaunch
 from nojit.loader.triton_key import Key, options_key
 
-TARGET_ARCH = 90
-WARP_SIZE = 32
 
 _TYPE_CODES = {
     "i1": "c", "u1": "c", "i8": "c", "u8": "c", "i16": "h", "u16": "H", "i32": "i", "u32": "u",
@@ -38,7 +37,7 @@ _PTX_BYTES = {"64": 8, "32": 4, "16": 2, "8": 1}
 def gpu_target() -> Any:
     from triton.backends.compiler import GPUTarget
 
-    return GPUTarget("cuda", TARGET_ARCH, WARP_SIZE)
+    return GPUTarget(TARGET.backend, TARGET.capability, TARGET.warp_size)
 
 
 class OfflineDriver:
@@ -260,7 +259,7 @@ def ptxas_version() -> str:
     if _ptxas is None:
         from triton.backends.nvidia.compiler import get_ptxas_version
 
-        text = str(get_ptxas_version(TARGET_ARCH))
+        text = str(get_ptxas_version(TARGET.capability))
         m = re.search(r"V(\d+\.\d+\.\d+)", text) or re.search(r"release (\d+\.\d+)", text)
         _ptxas = m.group(1) if m else text.strip().splitlines()[-1]
     return _ptxas

@@ -1,12 +1,15 @@
-"""Keys nojit derives itself from vLLM's call sites, where vLLM declares none (or declares them wrong).
+"""The rows a model gives the Triton planner: declared owners and derived calls.
 
-Some kernels on the DeepSeek-V4 path have no warmup owner (plain @triton.jit launched from
-model or runner code), some owners are registered too late to count (MTP), and a few
-declarations miss real run-time keys (pointer-alignment combinations, a synthetic KV-cache
-stride). For each, a row here states the call exactly as the call site makes it: argument
-kinds (tensor dtype and 16-byte alignment, int values of each Triton class, constexprs)
-and launch options, as a function of the deployment, with the file:line it was read from.
-The keys are then computed by Triton's own binder, as for declared kernels.
+A `TritonOwner` names vLLM's own warmup owner (a VllmTritonJitKernel or a
+triton_kernel_dispatcher_with_warmup object), the JITFunction it launches, and the arguments
+vLLM's model code passes to `register_warmup` as a function of the deployment; the keys then
+come from the owner's `get_warmup_keys`, run by vLLM itself.
+
+A `DerivedKernel` covers a kernel vLLM declares no keys for (or declares them wrong): it
+states the call exactly as the call site makes it (argument kinds: tensor dtype and 16-byte
+alignment, int values of each Triton class, constexprs; and launch options), as a function
+of the deployment, with the file:line it was read from. Its keys are computed by Triton's own
+binder, as for declared kernels. The rows themselves live with their model (aot/models/).
 """
 
 from __future__ import annotations
@@ -16,6 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from nojit.aot.deployment import Deployment
+
+Registrations = Callable[[Deployment], list[dict[str, Any]]]
+Calls = Callable[[Deployment], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class TritonOwner:
+    owner: str  # "module:attribute" of vLLM's warmup owner object
+    kernel: str  # "module:qualname" of the JITFunction it launches
+    registrations: Registrations  # register_warmup kwargs per call site; [] = not reached
+    site: str  # where vLLM registers it
+    groups: tuple[str, ...] = ("dsv4",)
 
 
 @dataclass(frozen=True)
@@ -29,9 +44,6 @@ class Tensor:
         return 0 if self.aligned else 4
 
 
-Calls = Callable[[Deployment], list[dict[str, Any]]]
-
-
 @dataclass(frozen=True)
 class DerivedKernel:
     kernel: str  # "module:qualname" of the JITFunction
@@ -41,13 +53,15 @@ class DerivedKernel:
     groups: tuple[str, ...] = ("dsv4",)
 
 
-def all_derived() -> tuple[DerivedKernel, ...]:
-    """Every derived row: DeepSeek-V4 model kernels and vLLM's model-runner kernels."""
-    from nojit.aot.triton_derived_dsv4 import DSV4_DERIVED
-    from nojit.aot.triton_derived_runner import RUNNER_DERIVED
+@dataclass(frozen=True)
+class TritonTables:
+    """A model's Triton rows, in planning order."""
 
-    return DSV4_DERIVED + RUNNER_DERIVED
+    owners: tuple[TritonOwner, ...]
+    derived: tuple[DerivedKernel, ...]
+    vllm_config: Callable[[Deployment], Any]  # the slice of VllmConfig the owners' warmup-key providers read
 
 
-def select_derived(groups: set[str] | None) -> list[DerivedKernel]:
-    return [d for d in all_derived() if groups is None or groups & set(d.groups)]
+def once(d: Deployment) -> list[dict[str, Any]]:
+    """One registration with no arguments."""
+    return [{}]
