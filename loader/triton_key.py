@@ -270,7 +270,7 @@ def layout_spec(spec: tuple[SpecItem, ...], runtime_param: tuple[bool, ...]) -> 
 
     Triton picks layouts (which thread holds which elements, hence the order of a reduction)
     from divisibility. A generic entry built from this spec keeps the marks for choosing
-    layouts only and assumes nothing in its code (nojit.aot.triton_offline), so it is
+    layouts only and assumes nothing in its code (nojit.aot.runtimes.triton.compiler), so it is
     correct for any values and reduces in the same order as the JIT's cubin for `spec`.
     """
     return tuple((g[0], "D") if s[1] == "D" and g[1] == "" else g for s, g in zip(spec, generic_spec(spec, runtime_param)))

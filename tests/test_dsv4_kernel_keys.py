@@ -64,11 +64,11 @@ import torch
 from triton._utils import canonicalize_ptr_dtype
 from nojit.aot.build import BuildOptions, plan_deployment
 from nojit.aot.deployment import load_deployment
-from nojit.aot.kernel_sources import resolve_kernel
-from nojit.aot.triton_derived import Tensor
-from nojit.aot.triton_derived_dsv4 import DSV4_DERIVED
-from nojit.aot.triton_enumerate import jit_function_of
-from nojit.aot.triton_offline import key_for_call
+from nojit.aot.runtimes.triton.sources import resolve_kernel
+from nojit.aot.runtimes.triton.rows import Tensor
+from nojit.aot.models.deepseek_v4.derived import DSV4_DERIVED
+from nojit.loader.install import jit_function_of
+from nojit.aot.runtimes.triton.compiler import key_for_call
 from nojit.loader.triton_key import ArgSpecializer, key_to_json, make_binder, options_key
 
 out_path, kernels = sys.argv[1], sys.argv[2].split(",")
@@ -211,7 +211,7 @@ def test_c128a_widths():
     from dataclasses import replace
 
     from nojit.aot.deployment import load_deployment
-    from nojit.aot.triton_derived_dsv4 import _c128a_widths
+    from nojit.aot.models.deepseek_v4.derived import _c128a_widths
 
     d = load_deployment()
     assert _c128a_widths(d) == [128, 256, 512, 1024, 2048, 4096, 8192]

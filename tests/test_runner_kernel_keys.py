@@ -88,7 +88,7 @@ def one(plan: dict[str, Any], suffix: str) -> str:
 
 
 def resolve(kernel: str) -> Any:
-    from nojit.aot.triton_enumerate import jit_function_of
+    from nojit.loader.install import jit_function_of
 
     module, _, qual = kernel.partition(":")
     obj: Any = importlib.import_module(module)
@@ -98,7 +98,7 @@ def resolve(kernel: str) -> Any:
 
 
 def key_json(fn: Any, args: tuple, kwargs: dict) -> str:
-    from nojit.aot.triton_offline import key_for_call
+    from nojit.aot.runtimes.triton.compiler import key_for_call
     from nojit.loader.triton_key import key_to_json
 
     return json.dumps(key_to_json(key_for_call(fn, args, kwargs)), sort_keys=True)
@@ -117,7 +117,7 @@ def test_every_runner_kernel_is_planned(plan):
 
 def test_derived_rows_bind_with_tritons_binder(plan):
     from nojit.aot.deployment import load_deployment
-    from nojit.aot.triton_derived_runner import RUNNER_DERIVED
+    from nojit.aot.models.deepseek_v4.runner_derived import RUNNER_DERIVED
 
     d = load_deployment()
     for row in RUNNER_DERIVED:
@@ -150,7 +150,7 @@ class FakePool:
 
 
 def record(fn: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, tuple, dict]]:
-    from nojit.aot.triton_enumerate import recording_jit_calls
+    from nojit.aot.runtimes.triton.enumeration import recording_jit_calls
 
     with recording_jit_calls() as calls:
         fn(*args, **kwargs)
@@ -262,7 +262,7 @@ def runner_launches() -> list[tuple[Any, tuple, dict]]:
 
 
 def test_vllm_call_sites_give_only_planned_keys(plan, monkeypatch):
-    from nojit.aot.triton_enumerate import kernel_id
+    from nojit.aot.runtimes.triton.enumeration import kernel_id
 
     monkeypatch.setattr(importlib.import_module("vllm.utils.torch_utils"), "PIN_MEMORY", False)  # no driver here
     cuda = SimpleNamespace(is_cuda_alike=lambda: True)  # what the serving platform answers
@@ -283,8 +283,8 @@ def test_multi_step_draft_kernels_match_call_sites(monkeypatch):
     import dataclasses
 
     from nojit.aot.deployment import load_deployment
-    from nojit.aot.triton_derived_runner import RUNNER_DERIVED
-    from nojit.aot.triton_enumerate import kernel_id
+    from nojit.aot.models.deepseek_v4.runner_derived import RUNNER_DERIVED
+    from nojit.aot.runtimes.triton.enumeration import kernel_id
 
     d = dataclasses.replace(load_deployment(), num_speculative_tokens=2)
     rows = {r.kernel: r for r in RUNNER_DERIVED if r.kernel.endswith(NOT_REACHED_WITH_K1)}
