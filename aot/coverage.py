@@ -28,7 +28,7 @@ class KernelCoverage:
     recorded: int = 0  # keys merged from NOJIT_MODE=record files
     reachable: int = 0
     bundled: int = 0  # reachable keys with an exact entry
-    generic_entries: int = 0  # universal variants in the bundle
+    generic_entries: int = 0  # generic entries in the bundle
     via_generic: int = 0  # reachable keys without an exact entry that a generic entry serves
     missing_keys: list[str] = field(default_factory=list)  # reachable keys served by nothing
 
@@ -158,7 +158,7 @@ Triton {esc(str(p.triton))}, TileLang {esc(str(p.tilelang))}. Deployment <code>{
 <td class="num" data-col="percent">{t['percent']:.1f}</td></tr></tbody></table>
 <h2>Missing keys</h2><ul id="missing">{missing or '<li>none</li>'}</ul>
 <p>declared: vLLM's warmup declarations; derived: nojit's derivations from vLLM's call sites; recorded: keys
-merged from NOJIT_MODE=record; generic: universal entries (no value specialization) that serve any key of the
+merged from NOJIT_MODE=record; generic: entries with no value specialization that serve any key of the
 same constexprs and dtypes.</p>
 <script type="application/json" id="coverage-data">{html.escape(data, quote=False)}</script>
 </body></html>

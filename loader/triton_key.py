@@ -183,6 +183,12 @@ def options_key(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, tag(v)) for k, v in options.items()))
 
 
+def with_implicit_options(options: dict[str, Any], fn_debug: Any, debug_knob: bool, instrumentation_mode: str) -> dict[str, Any]:
+    """A call's launch options plus the two Triton's `JITFunction.run` adds before binding: `debug`
+    (the call's, else the kernel's, or the knob) and `instrumentation_mode` (the knob's)."""
+    return {**options, "debug": options.get("debug", fn_debug) or debug_knob, "instrumentation_mode": instrumentation_mode}
+
+
 # ---------------------------------------------------------------------------- conversion
 def from_triton_specialization(specialization: Iterable[tuple[Any, Any]]) -> tuple[SpecItem, ...]:
     """Triton binder output -> our spec (used at build time and by the parity tests)."""

@@ -18,6 +18,7 @@ from nojit.aot.models.deepseek_v4.config import hf_config, layer_compress_ratios
 from nojit.aot.runtimes.triton.rows import Registrations, TritonOwner
 from nojit.aot.runtimes.triton.rows import once as _once
 
+
 def _v1_spec(d: Deployment) -> bool:
     return d.spec_decode and "v1" in d.model_runners
 

@@ -15,7 +15,7 @@ observation points are added, both inside TileLang's module namespaces and resto
   ``lineinfo=True`` keeps TileLang's exact command and pins the source file's mtime instead.
 * ``tilelang.engine.lower.host_codegen`` is wrapped to keep the lowered host IR: its packed call of
   the device kernel is where TVM's device parameter order, the dynamic-variable sources and the
-  launch dimensions are decided, so the launch plan is read from there, not assumed.
+  launch dimensions are decided, so the launch schema is read from there, not assumed.
 
 Runs in a spawn worker: a top-level function, plain picklable data in and out. The worker must
 have called ``install_deployment_platform(facts)`` first.

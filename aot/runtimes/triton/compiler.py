@@ -6,7 +6,7 @@ details that change the compile hash), with the target stated instead of read fr
 driver. The result carries everything the loader's launcher needs, and the parameter
 layout is checked against the PTX prototype the compiler itself emitted.
 
-Generic (universal) entries are compiled from a spec whose 'D' marks are layout hints
+Generic entries are compiled from a spec whose 'D' marks are layout hints
 only (see `layout_spec` in nojit.loader.triton_key): Triton chooses its layouts with them,
 as the JIT does for a call with that divisibility, and they are then removed from the
 kernel's signature before lowering, so the code assumes no alignment or divisibility.
@@ -23,7 +23,8 @@ from typing import Any
 from nojit.aot.errors import BuildError
 from nojit.aot.target import TARGET
 from nojit.loader.manifest import TritonLaunch
-from nojit.loader.triton_key import Key, options_key
+from nojit.loader.key_values import untag
+from nojit.loader.triton_key import Key, from_triton_specialization, options_key, with_implicit_options
 
 
 _TYPE_CODES = {
@@ -101,27 +102,12 @@ def to_triton_specialization(spec: tuple) -> list[tuple[Any, Any]]:
     out = []
     for ty, attr in spec:
         if ty == "constexpr":
-            out.append(("constexpr", constexpr_value(attr)))
+            out.append(("constexpr", untag(attr)))
         elif attr is None or isinstance(attr, str):
             out.append((ty, attr))
         else:
             out.append((ty, attr[1]))
     return out
-
-
-def constexpr_value(tagged: tuple[str, Any]) -> Any:
-    kind, value = tagged
-    if kind == "float" and isinstance(value, str):  # inf, -inf, nan (see key_values.tag)
-        return float(value)
-    if kind in ("int", "bool", "float", "str", "NoneType"):
-        return value
-    if kind == "dtype":
-        import triton.language as tl
-
-        return tl.dtype(value)
-    if kind == "tuple":
-        return tuple(constexpr_value(v) for v in value)
-    raise BuildError(f"cannot rebuild a constexpr of kind {kind!r} from a key", fix="report the kernel to nojit")
 
 
 @dataclass(frozen=True)
@@ -162,7 +148,7 @@ def _ast_compile(fn: Any, specialization: list, options_items: Any, target: Any,
     import triton
     from triton.compiler import ASTSource
 
-    kwargs = {name: constexpr_value(tagged) for name, tagged in options_items}
+    kwargs = {name: untag(tagged) for name, tagged in options_items}
     bound_args = {p.name: (v if t == "constexpr" else None) for p, (t, v) in zip(fn.params, specialization)}
     packed, signature, constexprs, attrs = fn._pack_args(backend, dict(kwargs), bound_args, specialization, kwargs)
     options = packed.__dict__
@@ -271,12 +257,8 @@ def key_for_call(fn: Any, args: tuple, kwargs: dict, backend: Any = None) -> Key
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from nojit.loader.triton_key import from_triton_specialization
-
     backend = backend or make_backend(gpu_target())
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    kwargs = dict(kwargs)
-    kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
-    kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
+    kwargs = with_implicit_options(kwargs, fn.debug, triton.knobs.runtime.debug, triton.knobs.compilation.instrumentation_mode)
     _bound, specialization, options = binder(*args, **kwargs)
     return (from_triton_specialization(specialization), options_key(options))
