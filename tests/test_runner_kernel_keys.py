@@ -79,13 +79,14 @@ I32, I64, U64, F32, BF16 = torch.int32, torch.int64, torch.uint64, torch.float32
 V, R, NT, MML = 129280, 1024, 8192, 1048576  # vocab, max_num_seqs, max_num_batched_tokens, max_model_len
 
 
-REAL_LIMIT = 64 << 20  # bytes: larger buffers (max_model_len or vocab wide) are meta tensors
+REAL_LIMIT = 1100 << 20  # bytes: larger buffers (max_model_len wide: 4 GiB) are meta tensors
 
 
 def t(*shape: int, dtype: torch.dtype = I32) -> torch.Tensor:
-    """A tensor as the runner allocates it: real (CPU, allocator-aligned) unless too large for this box."""
+    """A tensor as the runner allocates it: real (CPU, allocator-aligned; zeros, so the wrappers' own
+    torch ops index validly) unless too large for this box."""
     size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-    return torch.empty(shape, dtype=dtype, device="cpu" if size <= REAL_LIMIT else META)
+    return torch.zeros(shape, dtype=dtype) if size <= REAL_LIMIT else torch.empty(shape, dtype=dtype, device=META)
 
 
 class FakePool:

@@ -54,7 +54,7 @@ _K_ARR_DATA, _K_ARR_SHAPE, _K_ARG_VALUE = 1, 2, 15  # TVM builtin::TVMStructFiel
 
 @dataclass(frozen=True)
 class CompiledTileLangVariant:
-    """A compiled variant: the sm_90a cubin and how to launch it (`launch()` gives the bundle's schema)."""
+    """A compiled variant: the sm_90a cubin and how to launch it (`launch` is the bundle's schema)."""
 
     variant_id: str
     kernel: str
@@ -73,8 +73,9 @@ class CompiledTileLangVariant:
     cuda_source: str = field(repr=False)
     compile_record: dict[str, Any] = field(repr=False)
 
+    @property
     def launch(self) -> TileLangLaunch:
-        """The bundle's launch schema for this cubin."""
+        """The bundle's launch schema for this cubin (as CompiledTriton.launch is Triton's)."""
         return TileLangLaunch(
             symbol=self.symbol,
             params=tuple({k: p[k] for k in ("kind", "name", "dtype", "ctype") if k in p} for p in self.params),

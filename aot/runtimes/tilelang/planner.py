@@ -98,7 +98,7 @@ def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, se
     fn = resolve(kernel_id).func.orig_func
     return CompileResult(
         cubin=compiled.cubin,
-        launch=compiled.launch(),
+        launch=compiled.launch,
         source_hash=source_hash(fn),
         tools={"nvcc": record["nvcc_version"], "tilelang": record["tilelang_version"]},
         kernel_info={"nvcc_flags": _portable_flags(record["flags"]), "nvcc_version": record["nvcc_version"],
