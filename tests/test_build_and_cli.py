@@ -24,7 +24,7 @@ def test_small_bundle_content(small_build):
         key_from_json(e.key)
         assert b.read_blob(e.blob)[:4] == b"\x7fELF"
     assert {e.origin for e in exact} <= {f"registry:{m.kernels[e.kernel].info['owner']}" for e in exact}
-    assert all(e.origin == "generic" for e in m.entries if e.variant == "generic")
+    assert all(e.origin == "fallback" for e in m.entries if e.variant == "generic")
 
 
 @needs_vllm

@@ -49,16 +49,6 @@ def one(plan: dict[str, Any], suffix: str) -> str:
     return ids[0]
 
 
-def resolve(kernel: str) -> Any:
-    from nojit.loader.install import jit_function_of
-
-    module, _, qual = kernel.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    return jit_function_of(obj)
-
-
 def key_json(fn: Any, args: tuple, kwargs: dict) -> str:
     from nojit.aot.runtimes.triton.compiler import key_for_call
     from nojit.loader.triton_key import key_to_json

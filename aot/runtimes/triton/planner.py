@@ -27,7 +27,7 @@ from nojit.loader.install import jit_function_of
 from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params
 
 NAME = "triton"
-GENERIC_ORIGIN = "generic"  # the origin of every generic entry (was "fallback" before this name was unified)
+GENERIC_ORIGIN = "fallback"  # the stored origin of generic entries: renaming it would change every bundle's bytes
 
 
 def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
