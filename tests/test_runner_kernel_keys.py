@@ -181,17 +181,23 @@ def runner_launches() -> list[tuple[Any, tuple, dict]]:
     out += record(bu.FusedStagedWriter.apply, writer, [member, member], t(2, dtype=U64), t(2, dtype=I64))
     zeroer = SimpleNamespace(device=META, _meta=(t(3, dtype=U64), t(3, dtype=I64), t(3, dtype=I64), 10, 1024, 3))
     out += record(wu.KVBlockZeroer.zero_block_ids, zeroer, [1, 2])
-    # top-k/top-p dispatchers (registry keys), as apply_top_k_top_p_triton calls them on fp32 logits
+    # top-k/top-p dispatchers (registry keys), as apply_top_k_top_p_triton calls them on fp32 logits.
+    # _topk_topp picks its block sizes by logits.device.type (topk_topp_triton.py:936-941): a CPU
+    # tensor would take the CPU branch, so these are meta tensors (the CUDA branch).
     tk = importlib.import_module("vllm.v1.sample.ops.topk_topp_triton")
-    stats, parts = t(64 * 32, 4, dtype=F32), t(64, 5, 32, 8, 3, dtype=F32)
+
+    def m(*shape: int, dtype: torch.dtype = I32) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=META)
+
+    stats, parts = m(64 * 32, 4, dtype=F32), m(64, 5, 32, 8, 3, dtype=F32)
     for rows in (1, 7, 64, 65, 2 * R):
-        logits = t(rows, V, dtype=F32)
-        for top_k, top_p in ((t(rows), None), (t(rows), t(rows, dtype=F32)), (None, t(rows, dtype=F32))):
+        logits = m(rows, V, dtype=F32)
+        for top_k, top_p in ((m(rows), None), (m(rows), m(rows, dtype=F32)), (None, m(rows, dtype=F32))):
             # apply_top_k_top_p_triton returns through the split pipeline for p-only batches of at
             # most _SPLIT_MAX_BATCH rows (topk_topp_triton.py:1682-1687): no monolithic launch then.
             if not (top_k is None and rows <= tk._SPLIT_MAX_BATCH):
-                out += record(tk._topk_topp, logits, t(min(rows, 132), V, dtype=F32), t(20, dtype=F32),
-                              t(20, dtype=F32), top_k, top_p, float("-inf"), 132)
+                out += record(tk._topk_topp, logits, m(min(rows, 132), V, dtype=F32), m(20, dtype=F32),
+                              m(20, dtype=F32), top_k, top_p, float("-inf"), 132)
             if top_p is None or rows > 64:
                 continue
             out += record(tk._topp_split_stats, logits, stats, top_k, top_p, 132)
