@@ -7,15 +7,17 @@ crash or an error while writing leaves no bundle at the destination, only the ol
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 import zstandard
 
 from nojit.loader.bundle_file import HEADER, Header, canonical_json
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 from nojit.loader.manifest import FORMAT_VERSION, BlobRef, Entry, KernelRecord, Manifest, Producer, Target
 
 ZSTD_LEVEL = 19
@@ -55,40 +57,48 @@ def write_bundle(
         if hashlib.sha256(raw).hexdigest() != sha:
             raise BuildError(f"cubin {sha[:12]} does not match its digest", fix="this is a nojit bug; report it")
 
+    with atomic_file(path) as f:
+        f.write(b"\0" * HEADER.size)
+        blobs: dict[str, BlobRef] = {}
+        used = sorted({e.blob for e in entry_list})
+        for sha in used:
+            frame = _compressor().compress(cubins[sha])
+            blobs[sha] = BlobRef(sha, f.tell(), len(frame), len(cubins[sha]))
+            f.write(frame)
+        manifest = Manifest(
+            format=FORMAT_VERSION,
+            producer=producer,
+            target=target,
+            deployment=deployment,
+            kernels=kernel_map,
+            entries=tuple(entry_list),
+            blobs=blobs,
+        )
+        raw = canonical_json(manifest.to_json())
+        compressed = _compressor().compress(raw)
+        header = Header(
+            format=FORMAT_VERSION,
+            flags=0,
+            manifest_offset=f.tell(),
+            manifest_length=len(compressed),
+            manifest_size=len(raw),
+            manifest_sha256=hashlib.sha256(compressed).digest(),
+        )
+        f.write(compressed)
+        f.seek(0)
+        f.write(header.pack())
+    return manifest
+
+
+@contextlib.contextmanager
+def atomic_file(path: str) -> Iterator[BinaryIO]:
+    """A binary file that appears at `path` whole (synced, mode 0644) when the block ends, or not at all."""
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".nojit-", suffix=".partial", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(b"\0" * HEADER.size)
-            blobs: dict[str, BlobRef] = {}
-            used = sorted({e.blob for e in entry_list})
-            for sha in used:
-                frame = _compressor().compress(cubins[sha])
-                blobs[sha] = BlobRef(sha, f.tell(), len(frame), len(cubins[sha]))
-                f.write(frame)
-            manifest = Manifest(
-                format=FORMAT_VERSION,
-                producer=producer,
-                target=target,
-                deployment=deployment,
-                kernels=kernel_map,
-                entries=tuple(entry_list),
-                blobs=blobs,
-            )
-            raw = canonical_json(manifest.to_json())
-            compressed = _compressor().compress(raw)
-            header = Header(
-                format=FORMAT_VERSION,
-                flags=0,
-                manifest_offset=f.tell(),
-                manifest_length=len(compressed),
-                manifest_size=len(raw),
-                manifest_sha256=hashlib.sha256(compressed).digest(),
-            )
-            f.write(compressed)
-            f.seek(0)
-            f.write(header.pack())
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
@@ -99,19 +109,9 @@ def write_bundle(
         except FileNotFoundError:
             pass
         raise
-    return manifest
 
 
 def write_text_atomically(path: str, text: str) -> None:
     """Reports and plans: written whole or not at all, like bundles."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".nojit-", suffix=".partial", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        f.write(text.encode())

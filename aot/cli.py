@@ -77,8 +77,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _coverage(args: argparse.Namespace) -> int:
     from nojit.aot import coverage
-    from nojit.aot.build import BuildOptions, Plan, add_recorded_keys, plan_deployment
+    from nojit.aot.build import BuildOptions, add_recorded_keys, plan_deployment
+    from nojit.aot.bundle_writer import write_text_atomically
     from nojit.aot.deployment import DEFAULT_DEPLOYMENT, load_deployment
+    from nojit.aot.plan import Plan
     from nojit.loader.bundle_file import Bundle
 
     bundle = Bundle.open(args.bundle)
@@ -98,8 +100,6 @@ def _coverage(args: argparse.Namespace) -> int:
         text, observed_ok = report(args.observed, plan, bundle)
         print(text)
     if args.html:
-        from nojit.aot.bundle_writer import write_text_atomically
-
         write_text_atomically(args.html, coverage.render_html(rows, bundle, plan.deployment))
         print(f"\nHTML report: {args.html}")
     total = coverage.totals(rows)
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--kernel-sources", metavar="FILE", help="with --from-plan: JSON map of kernel id to source file")
     b.add_argument("--merge", action="append", metavar="BUNDLE", help="take the entries of another bundle too")
     b.add_argument("--generic", action=argparse.BooleanOptionalAction, default=True,
-                   help="add a universal (generic) variant per constexpr/dtype combination (default: on)")
+                   help="add generic entries per constexpr/dtype combination (default: on)")
     b.add_argument("--cache-dir", help="compile cache (default: ~/.cache/nojit)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--print-default-deployment", action="store_true", help="print the built-in deployment TOML")

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nojit.aot.plan import Plan, PlanRequest
 from nojit.loader.bundle_file import Bundle, canonical_json
 from nojit.loader.triton_key import generic_spec, key_from_json, runtime_params
 
@@ -27,7 +28,7 @@ class KernelCoverage:
     recorded: int = 0  # keys merged from NOJIT_MODE=record files
     reachable: int = 0
     bundled: int = 0  # reachable keys with an exact entry
-    generic_entries: int = 0  # universal variants in the bundle
+    generic_entries: int = 0  # generic entries in the bundle
     via_generic: int = 0  # reachable keys without an exact entry that a generic entry serves
     missing_keys: list[str] = field(default_factory=list)  # reachable keys served by nothing
 
@@ -40,11 +41,11 @@ def _kind(origin: str) -> str:
     return origin.partition(":")[0]
 
 
-def compute(plan: Any, bundle: Bundle) -> list[KernelCoverage]:
+def compute(plan: Plan, bundle: Bundle) -> list[KernelCoverage]:
     """Per kernel: the reachable keys of `plan` against the entries of `bundle`."""
     m = bundle.manifest
     exact: dict[str, set[str]] = defaultdict(set)
-    generic: dict[str, set[Any]] = defaultdict(set)  # the generic groups (generic_spec, options) served
+    generic: dict[str, set[tuple[Any, Any]]] = defaultdict(set)  # the generic groups (generic_spec, options) served
     generic_entries: dict[str, int] = defaultdict(int)
     for e in m.entries:
         text = canonical_json(e.key).decode()
@@ -56,13 +57,13 @@ def compute(plan: Any, bundle: Bundle) -> list[KernelCoverage]:
             generic_entries[e.kernel] += 1
     rows: dict[str, KernelCoverage] = {}
     for kid in sorted(set(plan.kernels) | set(m.kernels)):
-        runtime = (plan.kernels.get(kid) or {}).get("runtime") or m.kernels[kid].runtime
+        runtime = plan.kernels[kid].runtime if kid in plan.kernels else m.kernels[kid].runtime
         rows[kid] = KernelCoverage(kid, runtime, generic_entries=generic_entries[kid])
     for r in plan.requests:
-        if r["variant"] != "exact":
+        if r.variant != "exact":
             continue
-        row = rows[r["kernel"]]
-        kind = _kind(r["origin"])
+        row = rows[r.kernel]
+        kind = _kind(r.origin)
         if kind == "registry":
             row.declared += 1
         elif kind == "recorded":
@@ -70,19 +71,19 @@ def compute(plan: Any, bundle: Bundle) -> list[KernelCoverage]:
         else:
             row.derived += 1
         row.reachable += 1
-        text = canonical_json(r["key"]).decode()
-        if text in exact[r["kernel"]]:
+        text = canonical_json(r.key).decode()
+        if text in exact[r.kernel]:
             row.bundled += 1
-        elif row.runtime == "triton" and _served_generically(r, plan, generic[r["kernel"]]):
+        elif row.runtime == "triton" and _served_generically(r, plan, generic[r.kernel]):
             row.via_generic += 1
         else:
             row.missing_keys.append(text)
     return list(rows.values())
 
 
-def _served_generically(request: dict[str, Any], plan: Any, generics: set[Any]) -> bool:
-    spec, options = key_from_json(request["key"])
-    return (generic_spec(spec, runtime_params(plan.kernels[request["kernel"]]["info"], len(spec))), options) in generics
+def _served_generically(request: PlanRequest, plan: Plan, generics: set[tuple[Any, Any]]) -> bool:
+    spec, options = key_from_json(request.key)
+    return (generic_spec(spec, runtime_params(plan.kernels[request.kernel].info, len(spec))), options) in generics
 
 
 def totals(rows: list[KernelCoverage]) -> dict[str, Any]:
@@ -157,7 +158,7 @@ Triton {esc(str(p.triton))}, TileLang {esc(str(p.tilelang))}. Deployment <code>{
 <td class="num" data-col="percent">{t['percent']:.1f}</td></tr></tbody></table>
 <h2>Missing keys</h2><ul id="missing">{missing or '<li>none</li>'}</ul>
 <p>declared: vLLM's warmup declarations; derived: nojit's derivations from vLLM's call sites; recorded: keys
-merged from NOJIT_MODE=record; generic: universal entries (no value specialization) that serve any key of the
+merged from NOJIT_MODE=record; generic: entries with no value specialization that serve any key of the
 same constexprs and dtypes.</p>
 <script type="application/json" id="coverage-data">{html.escape(data, quote=False)}</script>
 </body></html>

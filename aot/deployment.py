@@ -16,7 +16,7 @@ from importlib import resources
 from typing import Any
 
 from nojit.aot.vllm_env import PlatformFacts
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 
 DEFAULT_DEPLOYMENT = "builtin:default-deployment.toml"
 RUNNERS = ("v1", "v2")
@@ -57,7 +57,14 @@ class Deployment:
 
 
 def _read_builtin(name: str) -> bytes:
-    return resources.files("nojit.aot.data").joinpath(name).read_bytes()
+    """A file shipped with nojit: aot/data/ (deployments), else a model folder's data (aot/models/*/)."""
+    aot = resources.files("nojit.aot")
+    folders = [aot / "data"] + sorted((f for f in (aot / "models").iterdir() if f.is_dir()), key=lambda f: f.name)
+    for folder in folders:
+        candidate = folder / name
+        if candidate.is_file():
+            return candidate.read_bytes()
+    raise FileNotFoundError(name)
 
 
 def _load_text(ref: str, base_dir: str) -> tuple[bytes, str]:
@@ -128,12 +135,8 @@ def load_deployment(ref: str = DEFAULT_DEPLOYMENT) -> Deployment:
         hf_config = json.loads(hf_raw)
     except ValueError as exc:
         raise BuildError(f"{hf_source} is not valid JSON: {exc}", fix="point [model] hf_config at a config.json") from None
-    if not isinstance(hf_config, dict) or hf_config.get("model_type") != "deepseek_v4":
-        raise BuildError(
-            f"{hf_source}: model_type is {hf_config.get('model_type') if isinstance(hf_config, dict) else None!r}, "
-            "nojit's kernel tables cover deepseek_v4 only",
-            fix="point [model] hf_config at a DeepSeek-V4 config.json",
-        )
+    if not isinstance(hf_config, dict):
+        raise BuildError(f"{hf_source} is not a JSON object", fix="point [model] hf_config at a config.json")
     runners = serving.get("model_runners", list, ["v2"])
     if not runners or any(r not in RUNNERS for r in runners):
         raise serving._bad("model_runners", f"= {runners!r}; each entry must be one of {RUNNERS}")

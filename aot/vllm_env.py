@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 
 
 @dataclass(frozen=True)

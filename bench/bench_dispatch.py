@@ -49,8 +49,8 @@ def main() -> int:
     import torch
     import triton
 
-    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
-    from nojit.aot.triton_enumerate import jit_function_of
+    from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
+    from nojit.loader.install import jit_function_of
     from nojit.loader.bundle_file import Bundle
     from nojit.loader.triton_key import key_from_json
     from triton_harness import grid_for, synthesize

@@ -47,9 +47,5 @@ class LaunchError(NoJitError):
     """The CUDA driver refused to load or launch a bundled kernel."""
 
 
-class BuildError(NoJitError):
-    """`nojit build` cannot produce a bundle from its inputs."""
-
-
 class PreflightError(NoJitError):
     """Strict mode: vLLM's warmup registry declares keys the bundle does not serve (all listed at once)."""

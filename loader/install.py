@@ -30,11 +30,11 @@ log = logging.getLogger("nojit")
 Resolver = Callable[[str], Any]
 
 
-def resolve_object(kernel_id: str) -> Any:
-    """The live object named "module:qualname" (importing the module)."""
+def resolve_object(kernel_id: str, import_module: Callable[[str], Any] = importlib.import_module) -> Any:
+    """The live object named "module:qualname" (importing the module with `import_module`)."""
     module_name, _, qualname = kernel_id.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = import_module(module_name)
     except ImportError as exc:
         raise BundleMismatchError(
             f"kernel {kernel_id}: module {module_name} cannot be imported ({exc})",
@@ -74,6 +74,7 @@ class Installation:
     triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
     tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
     allowed_differences: list[str] = field(default_factory=list)
+    arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
     def preload(self, device: int | None = None) -> int:
         """Load every bundled module on `device` (default: current). Call before CUDA-graph capture."""
@@ -128,7 +129,15 @@ def install(
     """
     global _current
     with _lock:
+        asked = {"bundle_path": bundle_path, "mode": mode, "resolver": resolver, "allow_mismatch": allow_mismatch,
+                 "record_file": record_file, "kernels": kernels}
         if _current is not None:
+            differs = [f"{k}={v!r} (installed: {_current.arguments.get(k)!r})" for k, v in asked.items()
+                       if v is not None and v != _current.arguments.get(k)]
+            if differs:
+                raise BundleError(f"nojit is already installed in this process; install() was called again with "
+                                  f"other arguments: {', '.join(differs)}",
+                                  fix="call install() once per process, or uninstall() the first installation first")
             return _current
         path = bundle_path or settings.bundle
         if not path:
@@ -143,7 +152,8 @@ def install(
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
         policy = ServingPolicy(mode, path, recorder)
-        inst = Installation(bundle, policy, mode, allowed_differences=allowed)
+        inst = Installation(bundle, policy, mode, allowed_differences=allowed,
+                            arguments={**asked, "bundle_path": path, "mode": mode, "allow_mismatch": allow})
         resolve = resolver or resolve_object
         wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
         records = bundle.manifest.kernels

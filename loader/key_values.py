@@ -39,3 +39,19 @@ def tag(value: Any) -> tuple[str, Any]:
     if isinstance(value, tuple):
         return ("tuple", tuple(tag(v) for v in value))
     raise UnsupportedArgument(f"constexpr value of type {type(value).__name__} ({value!r})")
+
+
+def untag(tagged: tuple[str, Any]) -> Any:
+    """The value `tag` tagged (a dtype comes back as triton.language.dtype)."""
+    kind, value = tagged
+    if kind == "float" and isinstance(value, str):  # inf, -inf, nan
+        return float(value)
+    if kind in ("int", "bool", "float", "str", "NoneType"):
+        return value
+    if kind == "dtype":
+        import triton.language as tl
+
+        return tl.dtype(value)
+    if kind == "tuple":
+        return tuple(untag(v) for v in value)
+    raise UnsupportedArgument(f"cannot rebuild a value of kind {kind!r} from a key")

@@ -183,6 +183,12 @@ def options_key(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, tag(v)) for k, v in options.items()))
 
 
+def with_implicit_options(options: dict[str, Any], fn_debug: Any, debug_knob: bool, instrumentation_mode: str) -> dict[str, Any]:
+    """A call's launch options plus the two Triton's `JITFunction.run` adds before binding: `debug`
+    (the call's, else the kernel's, or the knob) and `instrumentation_mode` (the knob's)."""
+    return {**options, "debug": options.get("debug", fn_debug) or debug_knob, "instrumentation_mode": instrumentation_mode}
+
+
 # ---------------------------------------------------------------------------- conversion
 def from_triton_specialization(specialization: Iterable[tuple[Any, Any]]) -> tuple[SpecItem, ...]:
     """Triton binder output -> our spec (used at build time and by the parity tests)."""
@@ -270,7 +276,7 @@ def layout_spec(spec: tuple[SpecItem, ...], runtime_param: tuple[bool, ...]) -> 
 
     Triton picks layouts (which thread holds which elements, hence the order of a reduction)
     from divisibility. A generic entry built from this spec keeps the marks for choosing
-    layouts only and assumes nothing in its code (nojit.aot.triton_offline), so it is
+    layouts only and assumes nothing in its code (nojit.aot.runtimes.triton.compiler), so it is
     correct for any values and reduces in the same order as the JIT's cubin for `spec`.
     """
     return tuple((g[0], "D") if s[1] == "D" and g[1] == "" else g for s, g in zip(spec, generic_spec(spec, runtime_param)))

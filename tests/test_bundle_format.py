@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from nojit.aot.bundle_writer import write_bundle
 from nojit.loader.bundle_file import HEADER, MAGIC, Bundle, Header, canonical_json
-from nojit.loader.errors import BuildError, BundleCorruptError, BundleError, BundleMismatchError, NoJitError
+from nojit.aot.errors import BuildError
+from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, Producer, Target, TritonLaunch
 
 PRODUCER = Producer("0.1.0", "0.33.0", "3.8.0", None, "12.9.86", None, "3.11.7", "2.14.0")

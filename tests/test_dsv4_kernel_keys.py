@@ -27,31 +27,6 @@ COMBINE = "cache_utils:CombineTopkSwaIndicesKernel.kernel"
 SAVE = "save_partial_states:SavePartialStatesKernel.kernel"
 INDEXER_COMPRESS = "fused_compress_quant_cache:_fused_kv_compress_norm_rope_insert_indexer_attn"
 PACK = "ops.common:PackSeqTritonKernel.kernel"
-REGISTRY = {  # kernel id suffix -> keys from vLLM's declarations (default deployment)
-    "sparse_swa:ComputePrefillMetadataKernel.kernel": 11,
-    "sparse_swa:_compute_swa_indices_and_lens_kernel": 1,
-    "compressor_utils:CompressedSlotMappingKernel.kernel": 2,
-    "indexer:PrepareUniformDecodeKernel.kernel": 27,
-    "indexer:BuildPrefillChunkMetadataKernel.kernel": 108,
-    "fused_qk_rmsnorm:FusedQKVRMSNormKernel.kernel": 1,
-    "fused_inv_rope_fp8_quant:FusedInvRopeFP8QuantKernel.kernel": 1,
-    "cache_utils:ComputeGlobalTopkIndicesAndLensKernel.kernel": 8,
-    COMBINE: 27,
-    "sparse_mla:BuildC128ATopkMetadataKernel.kernel": 1,
-    SAVE: 3,
-    INDEXER_COMPRESS: 1,
-    "fused_mtp_input_rmsnorm:FusedMTPInputRMSNormKernel.kernel": 1,
-    "fused_mtp_input_rmsnorm:MTPSharedHeadRMSNormKernel.kernel": 1,
-    "ops.common:UnpackSeqTritonKernel.kernel": 1,
-}
-DERIVED = {  # kernel id suffix -> keys nojit adds from the call sites
-    COMBINE: 18,  # 2 missing alignment rows x 9 (TOP_K, COMPRESS_RATIO, PADDED_TOP_K) groups
-    SAVE: 3,  # launch_pdl=False
-    INDEXER_COMPRESS: 1,  # real KV_BLOCK_STRIDE, launch_pdl=False
-    "attention:_fill_short_context_topk_indices": 1,
-    "dsv4_topk:_dsv4_topk_kernel": 2,  # HAS_PADDING True / False
-    "metadata:_token_request_mapping_kernel": 1,
-}
 # Bytes per block of the block-outermost KV pool for the built-in config (23 C128 + 20 C4
 # layers + 1 MTP SWA layer): the widest cache group is the 256-token MLA group, 20 C4 pages
 # of 37440 B + 23 C128 pages of 1728 B + 20 indexer pages of 8640 B.
@@ -64,12 +39,12 @@ import torch
 from triton._utils import canonicalize_ptr_dtype
 from nojit.aot.build import BuildOptions, plan_deployment
 from nojit.aot.deployment import load_deployment
-from nojit.aot.kernel_sources import resolve_kernel
-from nojit.aot.triton_derived import Tensor
-from nojit.aot.triton_derived_dsv4 import DSV4_DERIVED
-from nojit.aot.triton_enumerate import jit_function_of
-from nojit.aot.triton_offline import key_for_call
-from nojit.loader.triton_key import ArgSpecializer, key_to_json, make_binder, options_key
+from nojit.aot.runtimes.triton.sources import resolve_kernel
+from nojit.aot.runtimes.triton.rows import Tensor
+from nojit.aot.models.deepseek_v4.derived import DSV4_DERIVED
+from nojit.loader.install import jit_function_of
+from nojit.aot.runtimes.triton.compiler import key_for_call
+from nojit.loader.triton_key import ArgSpecializer, key_to_json, make_binder, options_key, with_implicit_options
 
 out_path, kernels = sys.argv[1], sys.argv[2].split(",")
 d = load_deployment()
@@ -90,17 +65,36 @@ for row in DSV4_DERIVED:
     for call in row.calls(d):
         triton_key = key_to_json(key_for_call(fn, (), dict(call)))
         _bound, spec, opts = make_binder(fn, specializer)(**{k: real(v) for k, v in call.items()})
-        opts = {**opts, "debug": opts.get("debug", fn.debug) or False, "instrumentation_mode": ""}
+        opts = with_implicit_options(opts, fn.debug, False, "")
         binds.append({"kernel": row.kernel, "triton": triton_key, "nojit": key_to_json((spec, options_key(opts)))})
+
+# vLLM's own warmup registry, independent of nojit's enumeration: the model rows' registrations go
+# into a JitWarmupRegistry and its warmup() launches them, with JITFunction.run recorded.
+from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+from nojit.aot.models.deepseek_v4 import TRITON
+from nojit.aot.runtimes.triton.enumeration import kernel_id, recording_jit_calls, resolve_owner
+registry = JitWarmupRegistry(TRITON.vllm_config(d))
+with registry.activate():
+    for row in TRITON.owners:
+        if any(s in row.kernel for s in kernels):
+            owner = resolve_owner(row.owner)
+            for registration in row.registrations(d):
+                owner.register_warmup(**registration)
+with recording_jit_calls() as calls:
+    registry.warmup()
+declared = sorted({(kernel_id(fn), json.dumps(key_to_json(key_for_call(fn, args, kw)), sort_keys=True))
+                   for fn, args, kw in calls})
 with open(out_path, "w") as f:
-    json.dump({"plan": main.to_json(), "nocute": [r["kernel"] for r in nocute.requests], "binds": binds}, f)
+    json.dump({"plan": main.to_json(), "nocute": [r.kernel for r in nocute.requests], "binds": binds,
+               "declared": declared}, f)
 """
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict[str, Any]:
     path = str(tmp_path_factory.mktemp("dsv4") / "dsv4.json")
-    p = subprocess.run([sys.executable, "-c", SCRIPT, path, FILTER], capture_output=True, text=True, env=dict(os.environ))
+    env = {**os.environ, "VLLM_TRITON_JIT_WARMUP_NUM_THREADS": "1"}  # vLLM's warmup on this thread (recorded)
+    p = subprocess.run([sys.executable, "-c", SCRIPT, path, FILTER], capture_output=True, text=True, env=env)
     assert p.returncode == 0, p.stderr[-4000:]
     with open(path) as f:
         return json.load(f)
@@ -133,15 +127,25 @@ def constexpr(item: list) -> Any:
     return item[1][1]
 
 
-def test_every_dsv4_kernel_is_planned(result):
-    expected = {**REGISTRY, PACK: 1}  # PackSeq's PAD_VALUE is a -inf constexpr, carried tagged
-    got = {s: len(requests(result, s, "registry")) for s in expected}
-    assert got == expected
-    got = {s: len(requests(result, s, "derived")) for s in DERIVED}
-    assert got == DERIVED
-    for r in result["plan"]["requests"]:
-        if r["origin"].startswith("derived"):
-            assert result["plan"]["kernels"][r["kernel"]]["info"]["site"], r["kernel"]
+def test_registry_keys_are_vllms_own_warmup(result):
+    """The planned registry keys are exactly what vLLM's JitWarmupRegistry launches for the same registrations."""
+    plan = result["plan"]
+    planned = {(r["kernel"], json.dumps(r["key"], sort_keys=True)) for r in plan["requests"]
+               if r["origin"].startswith("registry")}
+    declared = {tuple(k) for k in result["declared"]}
+    assert declared and planned == declared
+    assert {k for k, _ in planned} >= {kid(plan, s) for s in (COMBINE, SAVE, INDEXER_COMPRESS, PACK)}
+
+
+def test_every_derived_key_names_its_site(result):
+    plan = result["plan"]
+    derived = [r for r in plan["requests"] if r["origin"].startswith("derived")]
+    assert derived
+    for r in derived:
+        info = plan["kernels"][r["kernel"]]["info"]
+        assert info["site"] and len(r["origin"]) > len("derived:"), r["kernel"]
+        if "owner" not in info:  # a kernel only derived: its record names the call site its keys come from
+            assert r["origin"] == f"derived:{info['site']}", r["kernel"]
 
 
 def test_combine_gets_the_missing_alignment_rows(result):
@@ -211,7 +215,7 @@ def test_c128a_widths():
     from dataclasses import replace
 
     from nojit.aot.deployment import load_deployment
-    from nojit.aot.triton_derived_dsv4 import _c128a_widths
+    from nojit.aot.models.deepseek_v4.derived import _c128a_widths
 
     d = load_deployment()
     assert _c128a_widths(d) == [128, 256, 512, 1024, 2048, 4096, 8192]

@@ -32,7 +32,7 @@ def test_layout_spec_keeps_divisibility_marks_and_drops_values():
 
 
 def _compile(key, divisibility_assumed):
-    from nojit.aot.triton_offline import compile_key, install_offline_driver
+    from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver
     from triton_test_kernels import row_logsumexp
 
     install_offline_driver()
@@ -91,7 +91,7 @@ def _vector_loads(cubin: bytes) -> int:
 
 def test_kernels_with_asynchronous_copies_get_the_plain_generic_compile():
     """Async copies into shared memory fix their width before lowering: hints cannot be kept safely."""
-    from nojit.aot.triton_offline import _WIDTH_FIXED_OPS, compile_key, install_offline_driver
+    from nojit.aot.runtimes.triton.compiler import _WIDTH_FIXED_OPS, compile_key, install_offline_driver
     from triton_test_kernels import tile_matmul
 
     install_offline_driver()

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from triton._utils import canonicalize_ptr_dtype
 
 from conftest import needs_vllm
-from nojit.aot.triton_enumerate import jit_function_of
-from nojit.aot.triton_kernels import REPORT_KERNELS
-from nojit.aot.triton_offline import key_for_call
-from nojit.loader.triton_key import ArgSpecializer, generic_spec, key_from_json, key_to_json, make_binder, options_key
+from nojit.loader.install import jit_function_of
+from nojit.aot.models.deepseek_v4.owners import REPORT_KERNELS
+from nojit.aot.runtimes.triton.compiler import key_for_call
+from nojit.loader.triton_key import ArgSpecializer, generic_spec, key_from_json, key_to_json, make_binder, options_key, with_implicit_options
 
 INTS = [0, 1, 2, 15, 16, 17, -1, -16, -17, 1024, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 1, 2**32,
         2**63 - 16, 2**63, 2**63 + 1, 2**64 - 16]
@@ -53,10 +53,7 @@ def call_args(draw, fn):
 def ours(fn, kwargs, options):
     full = {**kwargs, **options}
     _bound, spec, opts = make_binder(fn, specializer)(**full)
-    opts = dict(opts)
-    opts["debug"] = opts.get("debug", fn.debug) or False
-    opts["instrumentation_mode"] = ""
-    return (spec, options_key(opts))
+    return (spec, options_key(with_implicit_options(opts, fn.debug, False, "")))
 
 
 def theirs(fn, kwargs, options):

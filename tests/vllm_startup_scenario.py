@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, report: dict) -> None:
 
     dry = None
     if args.no_nojit:
-        from nojit.aot.triton_offline import install_offline_driver
+        from nojit.aot.runtimes.triton.compiler import install_offline_driver
 
         install_offline_driver()
     else:
@@ -78,10 +78,11 @@ def run(args: argparse.Namespace, report: dict) -> None:
         load_general_plugins()
     report["plugin_seconds"] = time.perf_counter() - t0
 
-    from nojit.aot.tilelang_enumerate import _register_like_deepseek_v4, MhcModelParams, kernel_module
-    from nojit.aot.triton_enumerate import resolve_owner
-    from nojit.aot.triton_kernels import select_owners
-    from nojit.aot.vllm_config_view import make_vllm_config
+    from nojit.aot.models.deepseek_v4 import TRITON
+    from nojit.aot.models.deepseek_v4.config_view import make_vllm_config
+    from nojit.aot.models.deepseek_v4.mhc import MhcModelParams, register_like_deepseek_v4
+    from nojit.aot.runtimes.tilelang.enumeration import kernel_module
+    from nojit.aot.runtimes.triton.enumeration import resolve_owner
     from nojit.loader.install import current
 
     tk = kernel_module()  # vLLM's mHC module: imported after the plugin, as the model import is
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace, report: dict) -> None:
     wanted = {r["origin"].removeprefix("registry:") for r in plan["requests"] if r["origin"].startswith("registry:")}
     vllm_config = make_vllm_config(d)
     registry = JitWarmupRegistry(vllm_config)
-    rows = [row for row in select_owners(None)
+    rows = [row for row in TRITON.owners
             if row.owner in wanted or any(s in row.kernel for s in args.extra_owner)]
     with registry.activate():
         for row in rows:
@@ -100,8 +101,8 @@ def run(args: argparse.Namespace, report: dict) -> None:
         for name in args.extra_cutedsl:
             with _neutral_platform():
                 resolve_owner(name).register_warmup()
-        _register_like_deepseek_v4(tk, MhcModelParams.from_hf_config(d.hf_config), d.platform.deep_gemm, True, True,
-                                   vllm_config)
+        register_like_deepseek_v4(tk, vllm_config, MhcModelParams.from_hf_config(d.hf_config), d.platform.deep_gemm,
+                                  True, True)
     module = tk.__name__
     for kernel in list(registry._registrations):  # keep the owners the bundle was built for (plus the extras)
         names = [n for n, v in vars(tk).items() if v is kernel]

@@ -1,0 +1,19 @@
+"""The kernel runtimes the build knows, in planning and compile order (one line per runtime)."""
+
+from __future__ import annotations
+
+from nojit.aot.errors import BuildError
+from nojit.aot.faces import Runtime
+from nojit.aot.runtimes import tilelang, triton
+
+RUNTIMES: dict[str, Runtime] = {
+    tilelang.RUNTIME.name: tilelang.RUNTIME,  # first: its slow compiles start first, and vLLM's mHC module imports first
+    triton.RUNTIME.name: triton.RUNTIME,
+}
+
+
+def runtime(name: str) -> Runtime:
+    try:
+        return RUNTIMES[name]
+    except KeyError:
+        raise BuildError(f"unknown runtime {name!r}", fix=f"use one of {', '.join(RUNTIMES)}") from None

@@ -37,7 +37,7 @@ sys.path.insert(0, HERE)
 
 
 def _resolver(sources: str | None):
-    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
+    from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
 
     smap = load_source_map(sources) if sources else None
     return lambda kid: resolve_kernel(kid, smap)
@@ -95,7 +95,7 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
     compiles: list[str] = []
     triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiles.append(str(kw.get("key"))[:80])
     resolve = _resolver(sources)
-    from nojit.aot.triton_enumerate import jit_function_of
+    from nojit.loader.install import jit_function_of
 
     fn = jit_function_of(resolve(kernel))
     GRID = grid_for(fn)

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 
 
 @dataclass(frozen=True)

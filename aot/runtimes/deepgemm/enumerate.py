@@ -21,7 +21,7 @@ from importlib import resources
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.shapes import fp8_gemm_nt_shapes
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 
 
 @dataclass(frozen=True)

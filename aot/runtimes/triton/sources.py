@@ -14,7 +14,9 @@ import os
 import sys
 from typing import Any
 
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
+from nojit.aot.vllm_env import import_kernel_module
+from nojit.loader.install import resolve_object
 
 _loaded_files: dict[str, Any] = {}
 
@@ -49,18 +51,10 @@ def _module_from_file(path: str) -> Any:
 
 
 def resolve_kernel(kernel_id: str, source_map: dict[str, dict[str, str]] | None) -> Any:
-    """The live JITFunction (or TileLang kernel) for an id."""
-    if source_map is not None:
-        ref = source_map.get(kernel_id)
-        if ref is None:
-            raise BuildError(f"kernel {kernel_id} is not in the kernel source map", fix="extract it and add it to the map")
-        obj: Any = _module_from_file(ref["file"])
-        qualname = ref["qualname"]
-    else:
-        from nojit.aot.vllm_env import import_kernel_module
-
-        module_name, _, qualname = kernel_id.partition(":")
-        obj = import_kernel_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    """The live JITFunction (or its wrapper) for an id: from vLLM, or from the source map's file."""
+    if source_map is None:
+        return resolve_object(kernel_id, import_module=import_kernel_module)
+    ref = source_map.get(kernel_id)
+    if ref is None:
+        raise BuildError(f"kernel {kernel_id} is not in the kernel source map", fix="extract it and add it to the map")
+    return resolve_object(f"{ref['file']}:{ref['qualname']}", import_module=_module_from_file)

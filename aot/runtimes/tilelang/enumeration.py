@@ -1,4 +1,4 @@
-"""Enumerate the TileLang kernel variants vLLM's DeepSeek-V4 model compiles, keyed as TileLang keys them.
+"""Enumerate the TileLang kernel variants a vLLM model compiles, keyed as TileLang keys them.
 
 vLLM declares its mHC variants through warmup owners (``_MHC_PRE_BIG_FUSE_TILELANG_KERNEL`` ...): the
 model registers them with its config, ``get_warmup_keys`` expands the registrations into owner
@@ -17,67 +17,30 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
 
 from nojit.aot.vllm_env import import_kernel_module, installed_platform
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
+from nojit.loader.install import resolve_object
 
 OWNERS_MODULE = "vllm.model_executor.kernels.mhc.tilelang_kernels"
 
 # Attribute names of vLLM's owner singletons in OWNERS_MODULE.
-_PRE_BIG_FUSE = "_MHC_PRE_BIG_FUSE_TILELANG_KERNEL"
-_PRENORM_GEMM = "_HC_PRENORM_GEMM_TILELANG_KERNEL"
-_POST = "_MHC_POST_TILELANG_KERNEL"
-_FUSED = "_MHC_FUSED_TILELANG_KERNEL"
-_HC_HEAD = "_HC_HEAD_FUSED_TILELANG_KERNEL"
+PRE_BIG_FUSE = "_MHC_PRE_BIG_FUSE_TILELANG_KERNEL"
+PRENORM_GEMM = "_HC_PRENORM_GEMM_TILELANG_KERNEL"
+POST = "_MHC_POST_TILELANG_KERNEL"
+FUSED = "_MHC_FUSED_TILELANG_KERNEL"
+HC_HEAD = "_HC_HEAD_FUSED_TILELANG_KERNEL"
+OWNER_NAMES = (PRE_BIG_FUSE, PRENORM_GEMM, POST, FUSED, HC_HEAD)
+
+Register = Callable[[Any, Any], None]  # (vLLM's mHC kernel module, vllm_config) -> None
 
 
 @dataclass(frozen=True)
-class MhcModelParams:
-    """The model numbers vLLM's DeepSeek-V4 layers pass to the mHC registrations.
-
-    ``attn_norm_eps``/``ffn_norm_eps`` are the layers' ``RMSNorm.variance_epsilon``; vLLM builds both
-    norms with ``config.rms_norm_eps``, so they default to ``rms_eps``. ``hc_post_alpha`` is
-    hard-coded to 2.0 in vLLM's layer.
-    """
-
-    hidden_size: int
-    hc_mult: int
-    rms_eps: float
-    hc_eps: float
-    sinkhorn_iters: int
-    hc_post_alpha: float = 2.0
-    attn_norm_eps: float | None = None
-    ffn_norm_eps: float | None = None
-
-    @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> MhcModelParams:
-        """Read the fields of transformers' ``DeepseekV4Config`` (a parsed config.json)."""
-        try:
-            return cls(
-                hidden_size=int(config["hidden_size"]),
-                hc_mult=int(config["hc_mult"]),
-                rms_eps=float(config["rms_norm_eps"]),
-                hc_eps=float(config["hc_eps"]),
-                sinkhorn_iters=int(config["hc_sinkhorn_iters"]),
-            )
-        except KeyError as exc:
-            raise BuildError(f"model config lacks {exc.args[0]!r} needed by the mHC kernels") from exc
-
-    @property
-    def attn_eps(self) -> float:
-        return self.rms_eps if self.attn_norm_eps is None else self.attn_norm_eps
-
-    @property
-    def ffn_eps(self) -> float:
-        return self.rms_eps if self.ffn_norm_eps is None else self.ffn_norm_eps
-
-
-@dataclass(frozen=True)
-class TileLangVariant:
+class TileLangCall:
     """One TileLang specialization vLLM compiles, as plain picklable data (no vLLM/TileLang objects).
 
     ``key`` is the exact ``JITImpl._kernel_cache`` key, ``(phase1, phase2)``: phase 1 is every
@@ -117,12 +80,8 @@ class TileLangVariant:
 
 
 def resolve(qualified: str) -> Any:
-    """Import ``"module:attr"`` (dots allowed in attr)."""
-    module_name, _, attr = qualified.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    """The live object named ``"module:attr"`` (dots allowed in attr)."""
+    return resolve_object(qualified)
 
 
 def kernel_module() -> Any:
@@ -163,48 +122,8 @@ class _Recorded:
     kwargs: dict[str, Any]
 
 
-def _register_like_deepseek_v4(
-    tk: Any, model: MhcModelParams, deep_gemm: bool, pp_first_rank: bool, pp_last_rank: bool, vllm_config: Any
-) -> None:
-    """The calls of vllm/models/deepseek_v4/nvidia/model.py (decoder layer and model ``__init__``).
-
-    Every decoder layer registers the same arguments except ``include_broadcast_splits``, true only
-    for layer 0 on the first PP rank; the registry deduplicates equal registrations, so two layers
-    (0 and any other) reproduce all of them. The MTP block is another decoder layer (no broadcast).
-    """
-    for layer_index in (0, 1):
-        getattr(tk, _PRE_BIG_FUSE).register_warmup(
-            vllm_config,
-            hidden_size=model.hidden_size,
-            hc_mult=model.hc_mult,
-            use_norm_weight=True,
-            include_pre_gemm_splits=deep_gemm,
-            include_broadcast_splits=pp_first_rank and layer_index == 0,
-            rms_eps=model.rms_eps,
-            hc_pre_eps=model.hc_eps,
-            hc_sinkhorn_eps=model.hc_eps,
-            hc_post_mult_value=model.hc_post_alpha,
-            sinkhorn_repeat=model.sinkhorn_iters,
-            norm_eps=(model.attn_eps, model.ffn_eps),
-            broadcast_norm_eps=model.attn_eps,
-        )
-        if not deep_gemm:
-            getattr(tk, _PRENORM_GEMM).register_warmup(
-                vllm_config,
-                hidden_size=model.hidden_size,
-                hc_mult=model.hc_mult,
-                n_out=model.hc_mult * (2 + model.hc_mult),
-            )
-        getattr(tk, _POST).register_warmup(hidden_size=model.hidden_size, hc_mult=model.hc_mult)
-        getattr(tk, _FUSED).register_warmup(vllm_config, hidden_size=model.hidden_size, hc_mult=model.hc_mult)
-    if pp_last_rank:
-        getattr(tk, _HC_HEAD).register_warmup(
-            hidden_size=model.hidden_size, hc_mult=model.hc_mult, rms_eps=model.rms_eps, hc_eps=model.hc_eps
-        )
-
-
 @contextlib.contextmanager
-def _recording_compiles(tk: Any, owner_names: list[str]) -> Iterator[list[TileLangVariant]]:
+def _recording_compiles(tk: Any, owner_names: list[str]) -> Iterator[list[TileLangCall]]:
     """Swap ``JITImpl.compile`` for a recorder while vLLM's warmup runs.
 
     The recorder does what the real ``compile`` does before lowering (``initialize_jit_mode``, so
@@ -215,7 +134,7 @@ def _recording_compiles(tk: Any, owner_names: list[str]) -> Iterator[list[TileLa
     from tilelang.jit import JITImpl
 
     owners = {name: getattr(tk, name) for name in owner_names}
-    variants: list[TileLangVariant] = []
+    variants: list[TileLangCall] = []
     pending: list[_Recorded] = []
 
     def record(self: Any, *args: Any, **kwargs: Any) -> _Recorded:
@@ -249,7 +168,7 @@ def _take_key(rec: _Recorded) -> tuple[Any, ...]:
     return keys[0]
 
 
-def _variant(rec: _Recorded) -> TileLangVariant:
+def _variant(rec: _Recorded) -> TileLangCall:
     jit_impl = rec.jit_impl
     key = _take_key(rec)
     p1_key, _tensors, compile_kwargs = jit_impl.func._parse_phase1_key(*rec.args, **rec.kwargs)
@@ -261,7 +180,7 @@ def _variant(rec: _Recorded) -> TileLangVariant:
         raise BuildError(f"compile(**kwargs) keys as {kw_key!r}, vLLM's call as {key!r}")
     params = jit_impl.signature.parameters
     names = list(params)
-    return TileLangVariant(
+    return TileLangCall(
         kernel=kernel_identity(jit_impl),
         key=key,
         compile_kwargs=tuple(compile_kwargs.items()),
@@ -274,19 +193,14 @@ def _variant(rec: _Recorded) -> TileLangVariant:
     )
 
 
-def enumerate_mhc_variants(
-    model: MhcModelParams,
-    max_num_batched_tokens: int,
-    deep_gemm: bool,
-    pp_first_rank: bool = True,
-    pp_last_rank: bool = True,
-) -> list[TileLangVariant]:
-    """Every TileLang variant vLLM's DeepSeek-V4 warmup compiles, deduplicated by (kernel, key).
+def enumerate_mhc_variants(register: Register, max_num_batched_tokens: int, deep_gemm: bool) -> list[TileLangCall]:
+    """Every TileLang variant vLLM's warmup compiles after the model's `register` calls, deduplicated
+    by (kernel, key).
 
-    ``deep_gemm`` is what ``is_deep_gemm_supported()`` answers on the deployment (it decides the
-    pre-GEMM split rows and whether the TileLang pre-norm GEMM fallback is registered). The SM
-    count behind the split choice and the PDL flag baked into the kernels come from the installed
-    platform facts.
+    `register(tk, vllm_config)` makes the model's ``register_warmup`` calls on vLLM's owners in ``tk``
+    (the model's own module says which, with the lines it read them from). ``deep_gemm`` is what
+    ``is_deep_gemm_supported()`` answers on the deployment. The SM count behind the split choice and
+    the PDL flag baked into the kernels come from the installed platform facts.
     """
     tk = kernel_module()
     facts = installed_platform()
@@ -301,11 +215,11 @@ def enumerate_mhc_variants(
     vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=max_num_batched_tokens))
     registry = JitWarmupRegistry(vllm_config)
     with registry.activate():
-        _register_like_deepseek_v4(tk, model, deep_gemm, pp_first_rank, pp_last_rank, vllm_config)
-    owner_names = [_PRE_BIG_FUSE, _PRENORM_GEMM, _POST, _FUSED, _HC_HEAD]
+        register(tk, vllm_config)
+    owner_names = list(OWNER_NAMES)
     with _recording_compiles(tk, owner_names) as recorded:
         registry.warmup()
-    variants: dict[tuple[str, Any], TileLangVariant] = {}
+    variants: dict[tuple[str, Any], TileLangCall] = {}
     for v in recorded:
         variants.setdefault((v.kernel, v.key), v)
     return list(variants.values())

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from nojit.aot.deployment import Deployment
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 
 
 class _View(SimpleNamespace):
@@ -25,7 +25,7 @@ class _View(SimpleNamespace):
             raise AttributeError(name)
         raise BuildError(
             f"a vLLM warmup-key provider read {self._path}.{name}, which nojit's deployment view does not hold",
-            fix="add the field to nojit/aot/vllm_config_view.py (and to the deployment file if it varies)",
+            fix="add the field to nojit/aot/models/deepseek_v4/config_view.py (and to the deployment file if it varies)",
         )
 
 

@@ -14,11 +14,15 @@ stated here, with the lines it was read from.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace as NS
 from typing import Any
 
+import torch
+
 from nojit.aot.deployment import Deployment
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
+from nojit.aot.vllm_env import import_kernel_module
 
 
 def hf_config(d: Deployment) -> Any:
@@ -47,10 +51,6 @@ def indexer_kv_block_stride(d: Deployment) -> int:
     cache (:1037, compressor.py:282); then the SWA cache (attention.py:349), the layer
     itself (:363) and its own compressor (:370). MTP layers follow the target's.
     """
-    import torch
-
-    from nojit.aot.vllm_env import import_kernel_module
-
     att = import_kernel_module("vllm.models.deepseek_v4.attention")
     comp = import_kernel_module("vllm.models.deepseek_v4.compressor")
     swa = import_kernel_module("vllm.v1.attention.backends.mla.sparse_swa")
@@ -59,7 +59,6 @@ def indexer_kv_block_stride(d: Deployment) -> int:
     plan = import_kernel_module("vllm.v1.core.kv_cache_planning")
     worker = import_kernel_module("vllm.v1.worker.utils")
     backend_utils = import_kernel_module("vllm.v1.attention.backends.utils")
-    from dataclasses import replace
 
     hf = hf_config(d)
     # Backends: nvidia/flashmla.py:54-55 (FlashMLA sparse + its SWA backend, which only

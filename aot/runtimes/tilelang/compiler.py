@@ -15,7 +15,7 @@ observation points are added, both inside TileLang's module namespaces and resto
   ``lineinfo=True`` keeps TileLang's exact command and pins the source file's mtime instead.
 * ``tilelang.engine.lower.host_codegen`` is wrapped to keep the lowered host IR: its packed call of
   the device kernel is where TVM's device parameter order, the dynamic-variable sources and the
-  launch dimensions are decided, so the launch plan is read from there, not assumed.
+  launch dimensions are decided, so the launch schema is read from there, not assumed.
 
 Runs in a spawn worker: a top-level function, plain picklable data in and out. The worker must
 have called ``install_deployment_platform(facts)`` first.
@@ -36,11 +36,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from nojit.aot.tilelang_enumerate import TileLangVariant, kernel_module, resolve
-from nojit.loader.errors import BuildError
+from nojit.aot.runtimes.tilelang.enumeration import TileLangCall, kernel_module, resolve
+from nojit.aot.errors import BuildError
+from nojit.aot.target import TARGET
+from nojit.loader.manifest import TileLangLaunch
 from nojit.loader.settings import scope
 
-TARGET: dict[str, str] = {"kind": "cuda", "arch": "sm_90a"}
+TILELANG_TARGET: dict[str, str] = {"kind": TARGET.backend, "arch": TARGET.arch}
 
 Expr = Any  # int | {"var": str} | {"op": str, "args": [Expr, Expr]}
 
@@ -52,7 +54,7 @@ _K_ARR_DATA, _K_ARR_SHAPE, _K_ARG_VALUE = 1, 2, 15  # TVM builtin::TVMStructFiel
 
 @dataclass(frozen=True)
 class CompiledTileLangVariant:
-    """A compiled variant: the sm_90a cubin and its launch plan as JSON-able data."""
+    """A compiled variant: the sm_90a cubin and how to launch it (`launch` is the bundle's schema)."""
 
     variant_id: str
     kernel: str
@@ -71,7 +73,24 @@ class CompiledTileLangVariant:
     cuda_source: str = field(repr=False)
     compile_record: dict[str, Any] = field(repr=False)
 
-    def plan(self) -> dict[str, Any]:
+    @property
+    def launch(self) -> TileLangLaunch:
+        """The bundle's launch schema for this cubin (as CompiledTriton.launch is Triton's)."""
+        return TileLangLaunch(
+            symbol=self.symbol,
+            params=tuple({k: p[k] for k in ("kind", "name", "dtype", "ctype") if k in p} for p in self.params),
+            tensor_params=tuple({k: t[k] for k in ("name", "position", "dtype", "shape", "strides", "used_by_kernel")}
+                                for t in self.tensor_params),
+            dynamic_vars=self.dynamic_vars,
+            grid=tuple(self.grid),
+            block=tuple(self.block),
+            dynamic_smem=self.dynamic_smem_bytes,
+            pdl=self.pdl,
+            cluster_dims=tuple(self.cluster_dims) if self.cluster_dims else None,
+            cooperative=self.cooperative,
+        )
+
+    def describe(self) -> dict[str, Any]:
         """Everything but the binaries, as JSON."""
         return {
             "variant_id": self.variant_id, "kernel": self.kernel, "key": repr(self.key), "symbol": self.symbol,
@@ -227,7 +246,7 @@ def _capturing_host_ir() -> Iterator[list[Any]]:
         lower_mod.host_codegen = original
 
 
-# ----------------------------------------------------------------------------- launch plan
+# ----------------------------------------------------------------------------- launch schema
 
 
 def _expr(e: Any) -> Expr:
@@ -326,14 +345,14 @@ def _vars_in(e: Any) -> list[Any]:
     return found
 
 
-def _launch_plan(prim_func: Any, host_mod: Any, device_mod: Any) -> dict[str, Any]:
+def _launch_schema(prim_func: Any, host_mod: Any, device_mod: Any) -> dict[str, Any]:
     """Read parameters, dynamic vars and launch configuration from the lowered program."""
     devices = list(device_mod.functions.items())
     if len(devices) != 1:
         raise BuildError(f"expected one device kernel, found {len(devices)}")
     gvar, dev = devices[0]
     attrs = dev.attrs
-    if str(attrs["target"].attrs.get("arch")) != TARGET["arch"]:
+    if str(attrs["target"].attrs.get("arch")) != TILELANG_TARGET["arch"]:
         raise BuildError(f"device kernel lowered for {attrs['target']}, not {TARGET}")
     symbol = str(attrs.get("global_symbol", gvar.name_hint))
     host = _HostIR(host_mod, symbol)
@@ -422,7 +441,7 @@ def _tensor_params(jit_impl: Any, prim_func: Any, used: set[str]) -> tuple[dict[
 # ----------------------------------------------------------------------------- entry point
 
 
-def compile_variant(variant: TileLangVariant, workdir: str, *, lineinfo: bool = False) -> CompiledTileLangVariant:
+def compile_variant(variant: TileLangCall, workdir: str, *, lineinfo: bool = False) -> CompiledTileLangVariant:
     """Compile ``variant`` for sm_90a with vLLM's TileLang settings; see the module docstring for ``lineinfo``."""
     kernel_module()  # the platform is installed and vLLM's kernel module saw it
     import tilelang
@@ -433,10 +452,10 @@ def compile_variant(variant: TileLangVariant, workdir: str, *, lineinfo: bool = 
     if jit_impl.pass_configs != _get_pass_configs():
         raise BuildError(f"{variant.kernel} carries pass configs {jit_impl.pass_configs}, "
                          f"vllm.tilelang_utils passes {_get_pass_configs()}")
-    target_json = json.dumps(TARGET)
+    target_json = json.dumps(TILELANG_TARGET)
     with (
         scope(TILELANG_DISABLE_CACHE="1", TILELANG_DEFAULT_TARGET=target_json),
-        tvm.target.Target(TARGET),
+        tvm.target.Target(TILELANG_TARGET),
         _nvcc_at_fixed_path(workdir, lineinfo) as nvcc_runs,
         _capturing_host_ir() as host_mods,
     ):
@@ -448,16 +467,16 @@ def compile_variant(variant: TileLangVariant, workdir: str, *, lineinfo: bool = 
                          f"{len(nvcc_runs)} nvcc runs, {len(host_mods)} host modules)")
     run = nvcc_runs[0]
     _check_cubin(run.cubin)
-    plan = _launch_plan(kernel.prim_func, host_mods[0], kernel.artifact.device_mod)
-    if 'extern "C" __global__' not in run.code or plan["symbol"] not in run.code:
-        raise BuildError(f"{variant.variant_id}: {plan['symbol']} is not an extern C kernel of the source")
-    used = {p["name"] for p in plan["params"] if p["kind"] == "tensor"}
+    schema = _launch_schema(kernel.prim_func, host_mods[0], kernel.artifact.device_mod)
+    if 'extern "C" __global__' not in run.code or schema["symbol"] not in run.code:
+        raise BuildError(f"{variant.variant_id}: {schema['symbol']} is not an extern C kernel of the source")
+    used = {p["name"] for p in schema["params"] if p["kind"] == "tensor"}
     record = {
         "nvcc": run.command[0],
         "nvcc_version": _nvcc_version(run.command[0]),
         "flags": _flags(run.command, run.cwd),
         "tilelang_flags": _flags(run.tilelang_command, run.cwd),
-        "arch": TARGET["arch"],
+        "arch": TILELANG_TARGET["arch"],
         "cwd": os.path.relpath(run.cwd, os.path.abspath(workdir)),  # relative: independent of workdir
         "source_sha256": hashlib.sha256(run.code.encode()).hexdigest(),
         "cubin_sha256": hashlib.sha256(run.cubin).hexdigest(),
@@ -469,5 +488,5 @@ def compile_variant(variant: TileLangVariant, workdir: str, *, lineinfo: bool = 
     return CompiledTileLangVariant(
         variant_id=variant.variant_id, kernel=variant.kernel, key=variant.key, cubin=run.cubin,
         tensor_params=_tensor_params(jit_impl, kernel.prim_func, used), cuda_source=run.code,
-        compile_record=record, **plan,
+        compile_record=record, **schema,
     )

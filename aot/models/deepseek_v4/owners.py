@@ -1,34 +1,22 @@
-"""Which Triton kernels a DeepSeek-V4 deployment reaches, and how vLLM declares their keys.
+"""Which Triton kernels a DeepSeek-V4 deployment reaches through warmup owners, and how vLLM declares their keys.
 
-Each row names vLLM's own warmup owner (a VllmTritonJitKernel or a
-triton_kernel_dispatcher_with_warmup object), the JITFunction it launches, and the
-arguments vLLM's model code passes to `register_warmup` (file:line in vLLM 0.33.0), as a
-function of the deployment. The keys then come from the owner's `get_warmup_keys`, run by
-vLLM itself. Rows are tagged with the group they belong to, so a build can select them.
+Rows (see nojit.aot.runtimes.triton.rows) name vLLM's own warmup owner, the JITFunction it
+launches, and the arguments vLLM's model code passes to `register_warmup` (file:line in vLLM
+0.33.0), as a function of the deployment. Rows are tagged with the group they belong to, so a
+build can select them. The model runners' owners are in runner_owners.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from nojit.aot.deployment import Deployment
-
-Registrations = Callable[[Deployment], list[dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class TritonOwner:
-    owner: str  # "module:attribute" of vLLM's warmup owner object
-    kernel: str  # "module:qualname" of the JITFunction it launches
-    registrations: Registrations  # register_warmup kwargs per call site; [] = not reached
-    site: str  # where vLLM registers it
-    groups: tuple[str, ...] = ("dsv4",)
-
-
-def _once(d: Deployment) -> list[dict[str, Any]]:
-    return [{}]
+from nojit.aot.models.deepseek_v4.config import hf_config, layer_compress_ratios
+from nojit.aot.runtimes.triton.rows import Registrations, TritonOwner
+from nojit.aot.runtimes.triton.rows import once as _once
 
 
 def _v1_spec(d: Deployment) -> bool:
@@ -108,8 +96,6 @@ REPORT_KERNELS: tuple[TritonOwner, ...] = (
 
 
 def _ratios(d: Deployment) -> set[int]:
-    from nojit.aot.dsv4_model import layer_compress_ratios
-
     return set(layer_compress_ratios(d))
 
 
@@ -122,8 +108,6 @@ def _has_indexer(d: Deployment) -> bool:  # only C4 layers build a DeepseekV4Ind
 
 
 def _swa_registration(d: Deployment) -> list[dict[str, Any]]:
-    from nojit.aot.dsv4_model import hf_config
-
     hf = hf_config(d)
     image = int(getattr(hf, "vision_max_n_token", 0)) if getattr(hf, "vision_n_layers", 0) > 0 else 0  # attention.py:230-234
     # block_size: DeepseekV4SWACache's default 64 (sparse_swa.py:85; attention.py:349 passes none)
@@ -133,8 +117,6 @@ def _swa_registration(d: Deployment) -> list[dict[str, Any]]:
 def _save_partial_states_registrations(d: Deployment) -> list[dict[str, Any]]:
     """One per compressor kind: main (head_dim, each ratio > 1; attention.py:369-378) and the
     indexer's (index_head_dim, ratio 4; attention.py:1037). Registered at compressor.py:317."""
-    from nojit.aot.dsv4_model import hf_config
-
     hf, ratios = hf_config(d), _ratios(d)
     regs = [dict(head_dim=int(hf.head_dim), compress_ratio=r) for r in sorted(ratios) if r > 1]
     if 4 in ratios:
@@ -143,8 +125,6 @@ def _save_partial_states_registrations(d: Deployment) -> list[dict[str, Any]]:
 
 
 def _pack_registration(d: Deployment) -> list[dict[str, Any]]:
-    import torch
-
     # FP8 indexer cache (indexer_kv_dtype auto -> fp8): current_platform.fp8_dtype() is e4m3fn
     # on CUDA. PAD_VALUE -inf is a float constexpr; keys carry it tagged as "-inf".
     return [dict(dtype=torch.float8_e4m3fn, pad_value=-float("inf"))]
@@ -236,13 +216,3 @@ DSV4_OWNERS: tuple[TritonOwner, ...] = (
         ("dsv4", "mtp"),
     ),
 )
-
-ALL_OWNERS: tuple[TritonOwner, ...] = REPORT_KERNELS + DSV4_OWNERS
-
-
-def select_owners(groups: set[str] | None) -> list[TritonOwner]:
-    """Owners in any of `groups` (all when None)."""
-    return [o for o in ALL_OWNERS if groups is None or groups & set(o.groups)]
-
-
-from nojit.aot.triton_kernels_runner import RUNNER_OWNERS as _RUNNER_OWNERS; ALL_OWNERS += _RUNNER_OWNERS  # noqa: E402,E702

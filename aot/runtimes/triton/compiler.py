@@ -6,7 +6,7 @@ details that change the compile hash), with the target stated instead of read fr
 driver. The result carries everything the loader's launcher needs, and the parameter
 layout is checked against the PTX prototype the compiler itself emitted.
 
-Generic (universal) entries are compiled from a spec whose 'D' marks are layout hints
+Generic entries are compiled from a spec whose 'D' marks are layout hints
 only (see `layout_spec` in nojit.loader.triton_key): Triton chooses its layouts with them,
 as the JIT does for a call with that divisibility, and they are then removed from the
 kernel's signature before lowering, so the code assumes no alignment or divisibility.
@@ -20,12 +20,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
+from nojit.aot.target import TARGET
 from nojit.loader.manifest import TritonLaunch
-from nojit.loader.triton_key import Key, options_key
+from nojit.loader.key_values import untag
+from nojit.loader.triton_key import Key, from_triton_specialization, options_key, with_implicit_options
 
-TARGET_ARCH = 90
-WARP_SIZE = 32
 
 _TYPE_CODES = {
     "i1": "c", "u1": "c", "i8": "c", "u8": "c", "i16": "h", "u16": "H", "i32": "i", "u32": "u",
@@ -38,7 +38,7 @@ _PTX_BYTES = {"64": 8, "32": 4, "16": 2, "8": 1}
 def gpu_target() -> Any:
     from triton.backends.compiler import GPUTarget
 
-    return GPUTarget("cuda", TARGET_ARCH, WARP_SIZE)
+    return GPUTarget(TARGET.backend, TARGET.capability, TARGET.warp_size)
 
 
 class OfflineDriver:
@@ -102,27 +102,12 @@ def to_triton_specialization(spec: tuple) -> list[tuple[Any, Any]]:
     out = []
     for ty, attr in spec:
         if ty == "constexpr":
-            out.append(("constexpr", constexpr_value(attr)))
+            out.append(("constexpr", untag(attr)))
         elif attr is None or isinstance(attr, str):
             out.append((ty, attr))
         else:
             out.append((ty, attr[1]))
     return out
-
-
-def constexpr_value(tagged: tuple[str, Any]) -> Any:
-    kind, value = tagged
-    if kind == "float" and isinstance(value, str):  # inf, -inf, nan (see key_values.tag)
-        return float(value)
-    if kind in ("int", "bool", "float", "str", "NoneType"):
-        return value
-    if kind == "dtype":
-        import triton.language as tl
-
-        return tl.dtype(value)
-    if kind == "tuple":
-        return tuple(constexpr_value(v) for v in value)
-    raise BuildError(f"cannot rebuild a constexpr of kind {kind!r} from a key", fix="report the kernel to nojit")
 
 
 @dataclass(frozen=True)
@@ -163,7 +148,7 @@ def _ast_compile(fn: Any, specialization: list, options_items: Any, target: Any,
     import triton
     from triton.compiler import ASTSource
 
-    kwargs = {name: constexpr_value(tagged) for name, tagged in options_items}
+    kwargs = {name: untag(tagged) for name, tagged in options_items}
     bound_args = {p.name: (v if t == "constexpr" else None) for p, (t, v) in zip(fn.params, specialization)}
     packed, signature, constexprs, attrs = fn._pack_args(backend, dict(kwargs), bound_args, specialization, kwargs)
     options = packed.__dict__
@@ -260,7 +245,7 @@ def ptxas_version() -> str:
     if _ptxas is None:
         from triton.backends.nvidia.compiler import get_ptxas_version
 
-        text = str(get_ptxas_version(TARGET_ARCH))
+        text = str(get_ptxas_version(TARGET.capability))
         m = re.search(r"V(\d+\.\d+\.\d+)", text) or re.search(r"release (\d+\.\d+)", text)
         _ptxas = m.group(1) if m else text.strip().splitlines()[-1]
     return _ptxas
@@ -272,12 +257,8 @@ def key_for_call(fn: Any, args: tuple, kwargs: dict, backend: Any = None) -> Key
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from nojit.loader.triton_key import from_triton_specialization
-
     backend = backend or make_backend(gpu_target())
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    kwargs = dict(kwargs)
-    kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
-    kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
+    kwargs = with_implicit_options(kwargs, fn.debug, triton.knobs.runtime.debug, triton.knobs.compilation.instrumentation_mode)
     _bound, specialization, options = binder(*args, **kwargs)
     return (from_triton_specialization(specialization), options_key(options))

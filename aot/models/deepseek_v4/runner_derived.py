@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.triton_derived import DerivedKernel, Tensor
+from nojit.aot.runtimes.triton.rows import DerivedKernel, Tensor
 
 I32, I64, U64, F32, BOOL = torch.int32, torch.int64, torch.uint64, torch.float32, torch.bool
 ONE, DIV16, OTHER = 1, 16, 3  # one representative per Triton int class

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.triton_kernels import TritonOwner
-from nojit.aot.triton_offline import key_for_call
+from nojit.aot.errors import BuildError
+from nojit.aot.runtimes.triton.compiler import key_for_call
+from nojit.aot.runtimes.triton.rows import DerivedKernel, TritonOwner
+from nojit.aot.runtimes.triton.sources import resolve_kernel
 from nojit.aot.vllm_env import import_kernel_module
-from nojit.loader.errors import BuildError, NoJitError
-from nojit.loader.install import jit_function_of  # noqa: F401  (re-exported for the build)
+from nojit.loader.errors import BundleMismatchError, NoJitError
+from nojit.loader.install import jit_function_of, resolve_object
 from nojit.loader.triton_key import Key, UnsupportedArgument
 
 
@@ -89,12 +91,7 @@ def recording_jit_calls() -> Iterator[list[tuple[Any, tuple, dict]]]:
 
 
 def resolve_owner(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
-    module = import_kernel_module(module_name)
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return resolve_object(path, import_module=import_kernel_module)
 
 
 def _call_get_warmup_keys(owner: Any, registration: dict[str, Any], vllm_config: Any) -> list[Any]:
@@ -115,8 +112,8 @@ def enumerate_owner(owner_row: TritonOwner, deployment: Deployment, vllm_config:
         return []
     try:
         owner = resolve_owner(owner_row.owner)
-    except (ImportError, AttributeError) as exc:
-        raise BuildError(f"vLLM has no warmup owner {owner_row.owner}: {exc}",
+    except BundleMismatchError as exc:
+        raise BuildError(f"vLLM has no warmup owner {owner_row.owner}: {exc.message}",
                          fix="this nojit's kernel table is for vLLM 0.33.0; install that version") from None
     out: list[TritonRequest] = []
     for registration in registrations:
@@ -182,20 +179,18 @@ def _package_relative(path: str) -> str:
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
 
 
-def enumerate_derived(derived: Any, deployment: Deployment) -> list[TritonRequest]:
-    """Keys of a kernel nojit derives from its call site (see triton_derived)."""
-    from nojit.aot.kernel_sources import resolve_kernel
-
+def enumerate_derived(derived: DerivedKernel, deployment: Deployment) -> list[TritonRequest]:
+    """Keys of a kernel nojit derives from its call site (see rows.DerivedKernel)."""
     fn = jit_function_of(resolve_kernel(derived.kernel, None))
     if fn is None:
-        raise BuildError(f"{derived.kernel} is not a Triton JITFunction", fix="fix the row in aot/triton_derived.py")
+        raise BuildError(f"{derived.kernel} is not a Triton JITFunction", fix="fix the derived row in the model's tables (aot/models/)")
     out = []
     for kwargs in derived.calls(deployment):
         try:
             out.append(_request(fn, (), dict(kwargs), f"derived:{derived.site}"))
         except (TypeError, OverflowError) as exc:
             raise BuildError(f"derived call of {derived.kernel} does not bind: {exc}",
-                             fix="fix the row in aot/triton_derived.py") from None
+                             fix="fix the derived row in the model's tables (aot/models/)") from None
     return out
 
 

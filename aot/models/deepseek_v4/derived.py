@@ -1,4 +1,4 @@
-"""Derived keys for DeepSeek-V4 model kernels (see triton_derived for what a row is).
+"""Derived keys for DeepSeek-V4 model kernels (see nojit.aot.runtimes.triton.rows for what a row is).
 
 Three kinds, each read from vLLM 0.33.0's call sites:
 - keys vLLM's declaration misses: CombineTopkSwaIndicesKernel's pointer-alignment
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.dsv4_model import hf_config, indexer_kv_block_stride, layer_compress_ratios
-from nojit.aot.triton_derived import DerivedKernel, Tensor
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
+from nojit.aot.models.deepseek_v4.config import hf_config, indexer_kv_block_stride, layer_compress_ratios
+from nojit.aot.runtimes.triton.rows import DerivedKernel, Tensor
 
 I32, I64, F32, BF16, U8, BOOL = torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.uint8, torch.bool
 DSV4 = "vllm.models.deepseek_v4"

@@ -1,0 +1,96 @@
+"""Triton in the build: a model's owner and derived rows into the plan, generic entries, one key's compile.
+
+Keys come from vLLM's own warmup code and Triton's own binder (enumeration.py); a worker
+compiles each key for sm_90a with the installed Triton (compiler.py) and returns its
+TritonLaunch. Generic entries per (kernel, constexpr/dtype/None combination) are added here
+because only Triton's keys carry the divisibility marks they relax.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nojit.aot.deployment import Deployment
+from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
+from nojit.aot.plan import Plan, PlanKernel, PlanRequest
+from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver
+from nojit.aot.runtimes.triton.enumeration import (
+    TritonRequest,
+    dedupe,
+    enumerate_derived,
+    enumerate_owner,
+    kernel_info,
+)
+from nojit.aot.runtimes.triton.rows import TritonTables
+from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
+from nojit.loader.install import jit_function_of
+from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params
+
+NAME = "triton"
+GENERIC_ORIGIN = "fallback"  # the stored origin of generic entries: renaming it would change every bundle's bytes
+
+
+def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
+    tables: TritonTables | None = model.tables.get(NAME)
+    if tables is None:
+        return
+    install_offline_driver()
+    vllm_config = tables.vllm_config(d)
+
+    def add(requests: list[TritonRequest], owner: str | None, site: str) -> None:
+        for r in dedupe(requests):
+            if r.kernel not in p.kernels:
+                info = kernel_info(jit_function_of(resolve_kernel(r.kernel, None)), owner, site)
+                p.add_kernel(r.kernel, PlanKernel(NAME, info.source_hash, list(info.params), info.info))
+            p.add(PlanRequest(r.kernel, key_to_json(r.key), "exact", r.origin, r.sample))
+
+    for row in tables.owners:
+        if selection.in_groups(row.groups) and selection.wants(row.kernel):
+            add(enumerate_owner(row, d, vllm_config), row.owner, row.site)
+    for derived in tables.derived:
+        if selection.in_groups(derived.groups) and selection.wants(derived.kernel):
+            add(enumerate_derived(derived, d), None, derived.site)
+
+
+def add_generic_variants(p: Plan) -> int:
+    """Generic entries per distinct (kernel, constexpr/dtype/None combination): one laid out as
+    each divisibility pattern of its exact keys (bit-identical to the JIT on such calls) and one
+    with no marks at all (Triton's own cubin for a call with nothing specialized)."""
+    added = 0
+    for r in list(p.requests):
+        k = p.kernels[r.kernel]
+        if k.runtime != NAME or r.variant != "exact":
+            continue
+        spec, options = key_from_json(r.key)
+        runtime_param = runtime_params(k.info, len(spec))
+        for generic in (layout_spec(spec, runtime_param), generic_spec(spec, runtime_param)):
+            added += p.add(PlanRequest(r.kernel, key_to_json((generic, options)), "generic", GENERIC_ORIGIN))
+    return added
+
+
+def use_source_map_hashes(p: Plan, source_map_path: str) -> None:
+    """With --kernel-sources the compiled source is the map's, so its digest is the one that counts."""
+    source_map = load_source_map(source_map_path)
+    for kid, k in p.kernels.items():
+        if k.runtime == NAME:
+            k.source_hash = jit_function_of(resolve_kernel(kid, source_map)).cache_key
+
+
+_source_map: dict[str, Any] = {}
+
+
+def prepare_worker(settings: WorkerSettings) -> None:
+    install_offline_driver()
+    _source_map["map"] = load_source_map(settings.kernel_sources) if settings.kernel_sources else None
+
+
+def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, settings: WorkerSettings) -> CompileResult:
+    """Runs in a build worker: compile one key."""
+    fn = jit_function_of(resolve_kernel(kernel_id, _source_map.get("map")))
+    compiled = compile_key(fn, key_from_json(request.key), divisibility_assumed=request.variant == "exact")
+    return CompileResult(cubin=compiled.cubin, launch=compiled.launch, source_hash=fn.cache_key,
+                         tools={"ptxas": compiled.ptxas_version})
+
+
+RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
+                  add_generic=add_generic_variants, use_source_map=use_source_map_hashes)
