@@ -230,6 +230,9 @@ def _worker_init(facts: dict[str, Any] | None, cache_dir: str, source_map_path: 
     from nojit.aot.triton_offline import install_offline_driver
 
     install_offline_driver()
+    from nojit.aot.reproducible import canonical_source_paths
+
+    canonical_source_paths()  # cubins independent of the install path (reproducible.py)
     _worker_state["source_map"] = load_source_map(source_map_path) if source_map_path else None
     _worker_state["cache_dir"] = cache_dir
 

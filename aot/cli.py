@@ -100,6 +100,13 @@ def _coverage(args: argparse.Namespace) -> int:
     return 0 if args.fail_under is None or total["percent"] >= args.fail_under else 1
 
 
+def _package(args: argparse.Namespace) -> int:
+    from nojit.aot.package import describe, package_bundle
+
+    print(describe(package_bundle(args.bundle, args.output, args.version)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nojit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -139,6 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     c.add_argument("--fail-under", type=float, metavar="PERCENT", help="exit 1 if coverage is below PERCENT")
     c.set_defaults(func=_coverage)
+
+    w = sub.add_parser("package", help="make a pip-installable bundle wheel, pinned to the bundle's versions")
+    w.add_argument("bundle")
+    w.add_argument("-o", "--output", default="dist", help="directory for the wheel (default: dist)")
+    w.add_argument("--version", help="wheel version (default: <nojit version>+<first 12 hex of the bundle sha256>)")
+    w.set_defaults(func=_package)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
