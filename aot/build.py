@@ -87,6 +87,7 @@ class BuildOptions:
     generic: bool = False
     progress: bool = True
     plan_only: bool = False  # stop after writing the plan (plan_out); nothing is compiled
+    ray: str | None = None  # compile on the Ray cluster at this address instead of local processes
 
 
 @dataclass
@@ -275,8 +276,14 @@ def compile_plan(plan: Plan, opts: BuildOptions) -> list[dict[str, Any]]:
     # Slow TileLang variants first so they do not end up alone at the tail.
     order = sorted(todo, key=lambda ir: 0 if plan.kernels[ir[1]["kernel"]]["runtime"] == "tilelang" else 1)
     has_tilelang = any(k["runtime"] == "tilelang" for k in plan.kernels.values())
-    with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init,
-                             initargs=(facts, opts.cache_dir, opts.kernel_sources, has_tilelang)) as pool:
+    initargs = (facts, opts.cache_dir, opts.kernel_sources, has_tilelang)
+    if opts.ray:  # the same workers on a Ray cluster (aot/ray_pool.py)
+        from nojit.aot.ray_pool import RayExecutor
+
+        executor = RayExecutor(opts.ray, jobs, _worker_init, initargs)
+    else:
+        executor = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_worker_init, initargs=initargs)
+    with executor as pool:
         futures = [
             pool.submit(_compile_task, i, r["kernel"], plan.kernels[r["kernel"]]["runtime"], r["key"], r["variant"],
                         r.get("extra", {}))
