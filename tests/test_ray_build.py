@@ -35,6 +35,9 @@ def ray_cluster(tmp_path_factory):
     port = _free_port()
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     tmp = tmp_path_factory.mktemp("ray")
+    # Ray >= 2.5x turns token authentication on for `ray start`; a private test cluster on 127.0.0.1 opts out
+    saved_auth = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # inherited by the head and by the builds run_cli starts
     head = subprocess.Popen([ray_cli, "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
                              "--port", str(port), "--include-dashboard", "false", "--disable-usage-stats",
                              "--temp-dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -53,6 +56,10 @@ def ray_cluster(tmp_path_factory):
             head.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
+        if saved_auth is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved_auth
 
 
 def _read(path: str) -> bytes:
@@ -63,7 +70,7 @@ def _read(path: str) -> bytes:
 def test_ray_build_equals_the_process_pool_build(small_build, ray_cluster, tmp_path):
     out = str(tmp_path / "ray.nojit")
     run_cli("build", "--runtime", "triton", "--kernels", SMALL_KERNELS, "-o", out, "--ray", ray_cluster, "-j", "2",
-            "--cache-dir", str(tmp_path / "cache"), "--quiet", env={"RAY_ADDRESS": ray_cluster})
+            "--cache-dir", str(tmp_path / "cache"), "--quiet")
     assert _read(out) == _read(small_build["bundle"])
 
 

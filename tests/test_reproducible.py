@@ -65,3 +65,17 @@ def test_same_source_at_two_install_paths_gives_the_same_cubin(tmp_path):
     canonical = [_cubin(tmp_path, s, canonical=True) for s in sources]
     assert canonical[0] == canonical[1]
     assert b"site-packages" not in canonical[0] and b"nojit_repro" in canonical[0]  # still names the source
+    assert _sass(tmp_path, raw[0]) == _sass(tmp_path, canonical[0])  # the machine code is untouched
+
+
+def _sass(tmp_path, cubin: bytes) -> str:
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("Triton ships no cuobjdump here")
+    path = tmp_path / "sass.cubin"
+    path.write_bytes(cubin)
+    sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "Function" in sass
+    return sass
