@@ -56,4 +56,4 @@ def canonical_source_paths() -> None:
 def _existing_jit_callables(cls: type) -> list:
     import gc
 
-    return [o for o in gc.get_objects() if isinstance(o, cls) and "file_name" in o.__dict__]
+    return [o for o in gc.get_objects() if issubclass(type(o), cls) and "file_name" in o.__dict__]
