@@ -32,8 +32,9 @@ def canonical_source_name(path: str) -> str:
 
 def canonical_source_paths() -> None:
     """Make every Triton JIT function in this process report a canonical file name to the compiler."""
-    from triton.runtime.jit import JITCallable
+    from triton.runtime import jit
 
+    JITCallable = getattr(jit, "JITCallable", None) or jit.JITFunction  # JITCallable: Triton >= 3.5
     if isinstance(JITCallable.__dict__.get("file_name"), property):
         return
 
