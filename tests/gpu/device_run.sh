@@ -88,19 +88,19 @@ PY
       python3 -m nojit.aot.cli package $W/merged.nojit -o $W/wheelhouse || rc=1
       cp .whl/nojit-*.whl .whl/cffi-*.whl .whl/pycparser-*.whl .whl/zstandard-*.whl $W/wheelhouse/
       ls -l $W/wheelhouse
-      for t in sh bash env uname cat ls ldconfig nvidia-smi; do p=$(PATH=$PATH:/sbin:/usr/sbin command -v $t) && ln -s "$p" $W/nocc/$t; done
+      for t in sh bash env uname cat ls ldconfig nvidia-smi python3; do p=$(PATH=$PATH:/sbin:/usr/sbin command -v $t) && ln -s "$p" $W/nocc/$t; done
       NOCC=$W/nocc
       # vLLM is not on this machine (the bundle pins vllm==0.33.0): --no-deps, every wheel named
       ( time PATH=$NOCC python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $W/serve \
           $W/wheelhouse/*.whl ) 2>&1 | tail -4 || rc=1
-      PATH=$NOCC PYTHONPATH=$W/serve python3 - <<'PY' || rc=1
+      PATH=$NOCC PYTHONPATH=$W/serve python3 - $W/installed_bundle_path <<'PY' || rc=1
 import shutil, sys
 from nojit.loader.installed_bundles import verified_installed_bundle
 import nojit.loader.install
 assert not any(shutil.which(c) for c in ("gcc", "cc", "c++", "nvcc", "ptxas")), "a compiler is on the PATH"
 b = verified_installed_bundle()
 print("nojit from", nojit.loader.install.__file__, "| installed bundle", b.distribution, b.path, b.sha256[:16])
-open("/tmp/w/installed_bundle_path", "w").write(b.path)
+open(sys.argv[1], "w").write(b.path)
 PY
       IB=$(cat $W/installed_bundle_path)
       NOJIT_CHECK_LOADER_PATH=$NOCC PYTHONPATH=$W/serve python3 tests/gpu/check_triton.py --bundle "$IB" --sources $MAP \
