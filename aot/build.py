@@ -25,7 +25,9 @@ from nojit.aot.faces import CompileResult, Selection, WorkerSettings
 from nojit.aot.models import model_for
 from nojit.aot.plan import Plan, PlanRequest
 from nojit.aot.pool import Executor, LocalProcessExecutor
+from nojit.aot.ray_pool import RayExecutor
 from nojit.aot.progress import Progress
+from nojit.aot.reproducible import canonical_source_paths
 from nojit.aot.runtimes import RUNTIMES, runtime
 from nojit.aot.vllm_env import PlatformFacts, install_deployment_platform
 from nojit.loader.bundle_file import Bundle
@@ -54,6 +56,7 @@ class BuildOptions:
     progress: bool = True
     plan_only: bool = False  # stop after writing the plan (plan_out); nothing is compiled
     executor: Executor | None = None  # default: LocalProcessExecutor(jobs)
+    ray: str | None = None  # compile on the Ray cluster at this address (aot/ray_pool.py)
 
 
 @dataclass
@@ -128,6 +131,7 @@ def _worker_init(facts: dict[str, Any] | None, settings: WorkerSettings, runtime
     os.environ["TILELANG_PRINT_ON_COMPILATION"] = "0"  # the build prints its own progress
     if facts is not None:
         install_deployment_platform(PlatformFacts(**{**facts, "capability": tuple(facts["capability"])}))
+    canonical_source_paths()  # cubins independent of the install path (reproducible.py)
     for name in runtimes:
         runtime(name).prepare_worker(settings)
     _worker["settings"] = settings
@@ -150,7 +154,7 @@ def compile_plan(plan: Plan, opts: BuildOptions) -> list[tuple[PlanRequest, Comp
     # Runtimes in registry order: the slow TileLang compiles first, so they do not end up alone at the tail.
     rank = {name: i for i, name in enumerate(RUNTIMES)}
     order = sorted(range(len(plan.requests)), key=lambda i: rank[plan.kernels[plan.requests[i].kernel].runtime])
-    executor = opts.executor or LocalProcessExecutor(opts.jobs)
+    executor = opts.executor or (RayExecutor(opts.ray, opts.jobs) if opts.ray else LocalProcessExecutor(opts.jobs))
     results: dict[int, CompileResult] = {}
     errors = []
     progress = Progress(len(order), "compiling", enabled=opts.progress)

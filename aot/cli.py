@@ -23,6 +23,9 @@ def _build(args: argparse.Namespace) -> int:
     if args.print_default_deployment:
         sys.stdout.write(default_deployment_text())
         return 0
+    if args.deployment and len(args.deployment) > 1:
+        return _build_many(args)
+    args.deployment = args.deployment[0] if args.deployment else None
     deployment = None if args.from_plan else load_deployment(args.deployment or DEFAULT_DEPLOYMENT)
     output = args.output or os.path.join("out", f"{deployment.name if deployment else 'bundle'}.nojit")
     opts = BuildOptions(
@@ -40,6 +43,7 @@ def _build(args: argparse.Namespace) -> int:
         generic=args.generic,
         progress=not args.quiet,
         plan_only=args.plan_only,
+        ray=args.ray,
     )
     if args.cache_dir:
         opts.cache_dir = args.cache_dir
@@ -55,6 +59,30 @@ def _build(args: argparse.Namespace) -> int:
     s = result.seconds
     print(f"\nbuild time: plan {s['plan']:.1f}s, compile {s['compile']:.1f}s ({opts.jobs} jobs), "
           f"write {s['write']:.1f}s, total {s['total']:.1f}s")
+    return 0
+
+
+def _build_many(args: argparse.Namespace) -> int:
+    """Several --deployment files: one bundle each in -o DIR, common compiles done once (multi_build.py)."""
+    from nojit.aot.build import BuildOptions
+    from nojit.aot.multi_build import build_many
+
+    if args.from_plan or args.emit_plan or args.merge or args.kernel_sources:
+        print("nojit: error: several --deployment files take no --from-plan, --emit-plan, --merge or "
+              "--kernel-sources", file=sys.stderr)
+        return 2
+    opts = BuildOptions(output="", groups=set(args.groups.split(",")) if args.groups else None,
+                        kernels=args.kernels.split(",") if args.kernels else None,
+                        runtimes=frozenset(args.runtime.split(",")), jobs=args.jobs, add_keys=args.add_keys or [],
+                        generic=args.generic, progress=not args.quiet, ray=args.ray)
+    if args.cache_dir:
+        opts.cache_dir = args.cache_dir
+    result = build_many(args.deployment, args.output or "out", opts)
+    s = result["seconds"]
+    print("\n".join(result["outputs"]))
+    print(f"{len(result['outputs'])} bundles, {result['requests']} requests, {result['compiled']} distinct compiles; "
+          f"plan {s['plan']:.1f}s, compile {s['compile']:.1f}s ({opts.jobs} jobs), write {s['write']:.1f}s, "
+          f"total {s['total']:.1f}s")
     return 0
 
 
@@ -106,13 +134,23 @@ def _coverage(args: argparse.Namespace) -> int:
     return 0 if (args.fail_under is None or total["percent"] >= args.fail_under) and observed_ok else 1
 
 
+def _package(args: argparse.Namespace) -> int:
+    from nojit.aot.package import describe, package_bundle
+
+    print(describe(package_bundle(args.bundle, args.output, args.version)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nojit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="build a bundle for a deployment")
-    b.add_argument("--deployment", help="deployment TOML (default: the built-in DeepSeek-V4-Flash H200 deployment)")
-    b.add_argument("-o", "--output", help="bundle path (default: out/<deployment name>.nojit)")
+    b.add_argument("--deployment", action="append", help="deployment TOML (default: the built-in DeepSeek-V4-Flash H200 "
+                   "deployment); repeat it to build one bundle per deployment into -o DIR, sharing common compiles")
+    b.add_argument("-o", "--output", help="bundle path (default: out/<deployment name>.nojit); a directory with "
+                   "several --deployment")
+    b.add_argument("--ray", metavar="ADDRESS", help="compile on this Ray cluster (auto, ray://host:port); needs nojit[ray]")
     b.add_argument("--groups", help="comma-separated kernel groups to build (default: all the deployment reaches)")
     b.add_argument("--kernels", help="comma-separated substrings: build only kernels whose id contains one")
     b.add_argument("--runtime", default="triton,tilelang", help="triton,tilelang (default: both)")
@@ -147,6 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report")
     c.add_argument("--fail-under", type=float, metavar="PERCENT", help="exit 1 if coverage is below PERCENT")
     c.set_defaults(func=_coverage)
+
+    w = sub.add_parser("package", help="make a pip-installable bundle wheel, pinned to the bundle's versions")
+    w.add_argument("bundle")
+    w.add_argument("-o", "--output", default="dist", help="directory for the wheel (default: dist)")
+    w.add_argument("--version", help="wheel version (default: <nojit version>+<first 12 hex of the bundle sha256>)")
+    w.set_defaults(func=_package)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -139,9 +139,10 @@ def install(
                                   f"other arguments: {', '.join(differs)}",
                                   fix="call install() once per process, or uninstall() the first installation first")
             return _current
-        path = bundle_path or settings.bundle
+        path = bundle_path or settings.bundle or _installed_bundle_path()
         if not path:
-            raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`")
+            raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`, "
+                              "or install a bundle wheel made by `nojit package`")
         mode = Mode(mode) if mode is not None else settings.mode
         allow = settings.allow_mismatch if allow_mismatch is None else frozenset(allow_mismatch)
         bundle = Bundle.open(path)
@@ -181,6 +182,14 @@ def install(
             )
         _current = inst
         return inst
+
+
+def _installed_bundle_path() -> str | None:
+    """The bundle of the one installed bundle wheel, sha256-checked (installed_bundles.py)."""
+    from nojit.loader.installed_bundles import verified_installed_bundle
+
+    found = verified_installed_bundle()
+    return found.path if found else None
 
 
 def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver, allow: frozenset[str]) -> None:

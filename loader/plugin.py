@@ -13,7 +13,7 @@ guards and firewall), route vLLM's JIT warmup registry through the bundle (vllm_
 Triton's driver answered without a C compiler, strict preflight, preload before CUDA-graph
 capture), print one line saying what this process serves, and in strict mode one block
 saying which JITs nojit does not serve yet that this process can reach (unserved). Without
-NOJIT_BUNDLE this does nothing, so installing the nojit wheel changes no behaviour until an
+NOJIT_BUNDLE or an installed bundle wheel (`nojit package`) this does nothing, so installing the nojit wheel changes no behaviour until an
 operator points it at a bundle. A bad bundle stops the process with nojit's own message
 instead of serving with the JIT behind the operator's back.
 """
@@ -28,7 +28,10 @@ from nojit.loader.settings import settings
 
 def register() -> None:
     if not settings.bundle:
-        return
+        from nojit.loader.installed_bundles import installed_bundles
+
+        if not installed_bundles():  # a bundle wheel installed (`nojit package`) counts as configuration
+            return
     from nojit.loader import vllm_registry
     from nojit.loader.install import install
 

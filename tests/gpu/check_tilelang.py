@@ -660,7 +660,11 @@ def check_bundle(bundle_path: str, vllm_src: str, sizes: tuple[int, ...], seed: 
 
     device = "cpu" if dry_run else "cuda"
     audit.phase = "serving"
-    inst = install(bundle_path, mode="strict", allow_mismatch=frozenset({"vllm"}))
+    from nojit.loader.bundle_file import Bundle
+
+    tilelang_ids = {k for k, r in Bundle.open(bundle_path).manifest.kernels.items() if r.runtime == "tilelang"}
+    # a merged bundle (device_run.sh `wheel`) also holds Triton kernels, checked by check_triton.py
+    inst = install(bundle_path, mode="strict", allow_mismatch=frozenset({"vllm"}), kernels=tilelang_ids)
     mount_vllm(vllm_src)
     mhc = importlib.import_module(MHC)
     ref = Float64Reference(importlib.import_module(TORCH_REF))

@@ -92,6 +92,10 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
         written_elements,
     )
 
+    if role == "jit":  # the build names kernel sources the same way (aot/reproducible.py): cubins comparable
+        from nojit.aot.reproducible import canonical_source_paths
+
+        canonical_source_paths()
     compiles: list[str] = []
     triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiles.append(str(kw.get("key"))[:80])
     resolve = _resolver(sources)
@@ -204,7 +208,10 @@ def run_kernel(args: argparse.Namespace, kernel: str, seed: int, workdir: str) -
                 cmd += [flag, value]
         if args.time:
             cmd.append("--time")
-        procs[role] = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        env = None
+        if role == "loader" and os.environ.get("NOJIT_CHECK_LOADER_PATH"):  # e.g. a PATH with no compiler
+            env = {**os.environ, "PATH": os.environ["NOJIT_CHECK_LOADER_PATH"]}
+        procs[role] = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     report = {"kernel": kernel}
     for role, p in procs.items():
         if p.returncode != 0:

@@ -14,6 +14,10 @@
 #            loader (strict) vs JIT per launch, outputs poisoned, observed keys against the plan and bundle
 #   deepgemm DeepGEMM cubins built on the GPU-less box (.device/deepgemm from tools/prepare_deepgemm_device.py)
 #            served through DeepGEMM's own cache lookup: fp8_gemm_nt vs a float32 reference, no compile, timed
+#   wheel    the merged bundle made into a bundle wheel (`nojit package`), installed with the nojit wheel of .whl
+#            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
+#            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
+#            kernel are launched and checked from the installed file
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -96,6 +100,34 @@ PY
       else
         python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
       fi
+      ;;
+    wheel)
+      [ -f $W/merged.nojit ] || { [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3;
+        python3 -m nojit.aot.cli build --from-plan "$PLAN" --kernel-sources "$MAP" --runtime triton -j 16 --quiet \
+          -o $W/merged.nojit --merge .device/tilelang.nojit 2>&1 | tail -3; }
+      rm -rf $W/wheelhouse $W/serve $W/nocc && mkdir -p $W/wheelhouse $W/nocc
+      python3 -m nojit.aot.cli package $W/merged.nojit -o $W/wheelhouse || rc=1
+      cp .whl/nojit-*.whl .whl/cffi-*.whl .whl/pycparser-*.whl .whl/zstandard-*.whl $W/wheelhouse/
+      ls -l $W/wheelhouse
+      for t in sh bash env uname cat ls ldconfig nvidia-smi python3; do p=$(PATH=$PATH:/sbin:/usr/sbin command -v $t) && ln -s "$p" $W/nocc/$t; done
+      NOCC=$W/nocc
+      # vLLM is not on this machine (the bundle pins vllm==0.33.0): --no-deps, every wheel named
+      ( time PATH=$NOCC python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $W/serve \
+          $W/wheelhouse/*.whl ) 2>&1 | tail -4 || rc=1
+      PATH=$NOCC PYTHONPATH=$W/serve python3 - $W/installed_bundle_path <<'PY' || rc=1
+import shutil, sys
+from nojit.loader.installed_bundles import verified_installed_bundle
+import nojit.loader.install
+assert not any(shutil.which(c) for c in ("gcc", "cc", "c++", "nvcc", "ptxas")), "a compiler is on the PATH"
+b = verified_installed_bundle()
+print("nojit from", nojit.loader.install.__file__, "| installed bundle", b.distribution, b.path, b.sha256[:16])
+open(sys.argv[1], "w").write(b.path)
+PY
+      IB=$(cat $W/installed_bundle_path)
+      NOJIT_CHECK_LOADER_PATH=$NOCC PYTHONPATH=$W/serve python3 tests/gpu/check_triton.py --bundle "$IB" --sources $MAP \
+        --parallel 8 --json "$OUT/check_wheel_triton.json" 2>&1 | tail -75 || rc=1
+      PATH=$NOCC PYTHONPATH=$W/serve python3 tests/gpu/check_tilelang.py --bundle "$IB" --vllm-src .device/vllm_src \
+        --json "$OUT/check_wheel_tilelang.json" 2>&1 | tail -60 || rc=1
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
