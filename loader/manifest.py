@@ -20,6 +20,7 @@ RUNTIMES = ("triton", "tilelang")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
+MAX_CUBIN_BYTES = 64 << 20  # one cubin, raw; real ones are at most a few MB
 
 
 class _Fields:
@@ -379,10 +380,10 @@ class Manifest:
             if len(sha) != 64 or not set(sha) <= _HEX:
                 raise bf._bad("sha256", "is not a sha256 hex digest")
             offset = bf.int("offset", 0, file_size)
-            length = bf.int("length", 1, file_size)
+            length = bf.int("length", 1, min(file_size, MAX_CUBIN_BYTES + (1 << 20)))
             if offset + length > file_size:
                 raise bf._bad("length", f"runs past the end of the file ({offset}+{length} > {file_size} bytes)")
-            blobs[sha] = BlobRef(sha, offset, length, bf.int("size", 1, 1 << 31))
+            blobs[sha] = BlobRef(sha, offset, length, bf.int("size", 1, MAX_CUBIN_BYTES))
         kernels = {
             kid: KernelRecord.from_json(kid, _Fields(rec, f"manifest.kernels[{kid!r}]", source))
             for kid, rec in f.get("kernels", dict).items()
