@@ -9,6 +9,8 @@ and, in strict mode, closes every path to a compiler. It is safe to call more th
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import threading
@@ -28,9 +30,11 @@ log = logging.getLogger("nojit")
 Resolver = Callable[[str], Any]
 
 
-def resolve_object(kernel_id: str) -> Any:
-    """The live object named "module:qualname" (importing the module)."""
+def resolve_object(kernel_id: str, packages: tuple[str, ...] = ("vllm",)) -> Any:
+    """The live object named "module:qualname", importing the module only if it is an installed file of
+    one of `packages` (the packages the bundle was built from): bundle data never picks what gets imported."""
     module_name, _, qualname = kernel_id.partition(":")
+    _check_importable(kernel_id, module_name, packages)
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -47,6 +51,46 @@ def resolve_object(kernel_id: str) -> Any:
                 fix="the installed vLLM does not have this kernel: rebuild the bundle against it with `nojit build`",
             ) from None
     return obj
+
+
+def _check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]) -> None:
+    refuse = BundleMismatchError(
+        f"kernel {kernel_id}: {module_name} is not a module of the installed {' or '.join(packages) or '(no package)'}; "
+        "nojit imports nothing else a bundle names",
+        fix="the bundle is not from this vLLM (or was edited): rebuild it with `nojit build`",
+    )
+    root = module_name.partition(".")[0]
+    if root not in packages or not all(p.isidentifier() for p in module_name.split(".")):
+        raise refuse
+    try:
+        spec = importlib.util.find_spec(module_name)  # imports the parent packages: modules of `root`
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or os.path.realpath(spec.origin) not in _distribution_files(root):
+        raise refuse
+
+
+_files_of: dict[str, frozenset[str]] = {}
+
+
+def _distribution_files(package: str) -> frozenset[str]:
+    """Absolute paths of the files the installed distribution of `package` holds (its RECORD), or its directory's."""
+    files = _files_of.get(package)
+    if files is None:
+        found: set[str] = set()
+        try:
+            dist = importlib.metadata.distribution(package)
+            found = {os.path.realpath(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".py")}
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        spec = importlib.util.find_spec(package)
+        if not found and spec is not None and spec.submodule_search_locations:
+            # an editable (development) install's RECORD lists no modules: its source tree is the package
+            for base in spec.submodule_search_locations:
+                for d, _, names in os.walk(base):
+                    found.update(os.path.realpath(os.path.join(d, n)) for n in names if n.endswith(".py"))
+        files = _files_of[package] = frozenset(found)
+    return files
 
 
 def jit_function_of(obj: Any) -> Any:
@@ -129,15 +173,16 @@ def install(
         if not path:
             raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`")
         mode = Mode(mode) if mode is not None else settings.mode
-        allow = settings.allow_mismatch if allow_mismatch is None else frozenset(allow_mismatch)
-        bundle = Bundle.open(path)
+        allow = settings.allow_mismatch if allow_mismatch is None else _allowed_words(allow_mismatch)
+        bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
         allowed = check_versions(bundle.manifest, path, RuntimeVersions.of_this_process(), allow)
         recorder = None
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
         policy = ServingPolicy(mode, path, recorder)
         inst = Installation(bundle, policy, mode, allowed_differences=allowed)
-        resolve = resolver or resolve_object
+        packages = ("vllm",) if bundle.manifest.producer.vllm else ()  # what the bundle was built from
+        resolve = resolver or (lambda kid: resolve_object(kid, packages))
         wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
         records = bundle.manifest.kernels
         tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
@@ -164,6 +209,11 @@ def install(
             )
         _current = inst
         return inst
+
+
+def _allowed_words(words: Any) -> frozenset[str]:
+    """install(allow_mismatch=...) takes the words NOJIT_ALLOW_MISMATCH takes, checked the same way."""
+    return settings.__class__.allow_mismatch.parse(",".join(words))
 
 
 def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver, allow: frozenset[str]) -> None:
@@ -194,6 +244,7 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
                 "rebuild the bundle against the installed vLLM",
             )
         if not check_source(kid, record.source_hash, fn.cache_key, bundle.path, allow):
+            inst.allowed_differences.append(f"source: {kid} changed since the bundle was built")
             log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)", kid)
         try:
             server = TritonKernelServer(
