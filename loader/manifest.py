@@ -86,6 +86,7 @@ TRITON_TYPE_CODES = {
     "i1": "c", "u1": "c", "i8": "c", "u8": "c", "i16": "h", "u16": "H", "i32": "i", "u32": "u",
     "i64": "l", "u64": "L", "fp16": "e", "bf16": "b", "fp32": "f", "f32": "f", "fp64": "d",
 }
+_GRID_LIMITS = ((1 << 31) - 1, 65535, 65535)  # CUDA's grid limits per axis
 MAX_CLUSTER_BLOCKS = 16  # Hopper's largest (non-portable) cluster; csrc refuses more as well
 
 
@@ -326,8 +327,9 @@ class TileLangLaunch:
                     validate_expr(e, frozenset(dyn))
                 except ValueError as exc:
                     raise f._bad(what, f"holds an invalid expression: {exc}") from None
-            if all(isinstance(e, int) for e in exprs) and not all(0 <= e < (1 << 31) for e in exprs):
-                raise f._bad(what, f"{exprs} is not a launch size")
+            limits = _GRID_LIMITS if what == "grid" else (1024, 1024, 64)
+            if any(isinstance(e, int) and not 0 <= e <= hi for e, hi in zip(exprs, limits)):
+                raise f._bad(what, f"{exprs} is not a launch size (at most {limits})")
         if all(isinstance(e, int) for e in block) and not 1 <= block[0] * block[1] * block[2] <= 1024:
             raise f._bad("block", f"{block} is not 1 to 1024 threads")
         cluster = f.get("cluster_dims", list, optional=True)
