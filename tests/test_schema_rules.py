@@ -22,7 +22,6 @@ from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, NoJitError
 from nojit.loader.launch_expr import evaluate, validate_expr
 from nojit.loader.manifest import MAX_CUBIN_BYTES
-from test_bundle_hostile import seal
 
 CUBIN_A = b"\x7fELF cubin A" + bytes(range(200))
 CUBIN_B = b"\x7fELF cubin B" + bytes(range(100, 250))
@@ -61,6 +60,19 @@ def valid() -> tuple[dict, dict]:
         "blobs": {},
     }
     return manifest, {SHA_A: CUBIN_A, SHA_B: CUBIN_B}
+
+
+def seal(manifest: dict, blobs: dict[str, bytes]) -> bytes:
+    """A complete bundle file: header, one zstandard frame per blob (offsets filled in), manifest, digests right."""
+    body, refs = b"", {}
+    for sha in sorted(blobs):
+        frame = zstandard.ZstdCompressor(write_content_size=True, write_checksum=True).compress(blobs[sha])
+        refs[sha] = {"offset": HEADER.size + len(body), "length": len(frame), "size": len(blobs[sha])}
+        body += frame
+    raw = json.dumps(dict(manifest, blobs=refs)).encode()
+    comp = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+    header = Header(1, 0, HEADER.size + len(body), len(comp), len(raw), hashlib.sha256(comp).digest())
+    return header.pack() + body + comp
 
 
 def write(tmp_path, data: bytes, name: str = "b.nojit") -> str:
@@ -138,7 +150,8 @@ L = lambda m: m["entries"][1]  # noqa: E731  the TileLang entry
     (lambda m: L(m)["launch"]["grid"].__setitem__(1, {"var": "split_k"}), r"grid holds an invalid expression"),
     (lambda m: L(m)["launch"]["grid"].__setitem__(1, {"var": []}), r"grid holds an invalid expression"),
     (lambda m: L(m)["launch"]["block"].__setitem__(0, {"op": [], "args": [1, 2]}), r"block holds an invalid"),
-    (lambda m: L(m)["launch"]["block"].__setitem__(0, 2048), r"not 1 to 1024 threads"),
+    (lambda m: L(m)["launch"].update(block=[64, 32, 1]), r"not 1 to 1024 threads"),
+    (lambda m: L(m)["launch"]["block"].__setitem__(0, 2048), r"is not a launch size"),
     (lambda m: L(m)["launch"]["grid"].__setitem__(2, 1 << 40), r"is not a launch size"),
     (lambda m: L(m)["launch"].update(cluster_dims=[65536, 65536, 1]), r"cluster_dims"),
     (lambda m: L(m).update(key={"args": 5}), r"is not a TileLang key"),

@@ -10,6 +10,8 @@
 #   tilelang mHC kernels of .device/tilelang.nojit against float64 references, TileLang absent
 #   merge    one bundle: this machine's Triton entries + the TileLang entries, verified
 #   pytest   the GPU tests of the suite (tests/gpu, marker gpu)
+#   replace  servers (one per GPU, or 4 on one) and readers use a bundle while its file is replaced twice
+#            (a copy, then a --no-generic rebuild): bit-identical to the JIT, no error (REPLACE_SECONDS, default 180)
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -75,6 +77,13 @@ PY
     pytest)
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
+      ;;
+    replace)
+      [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
+      build_triton $W/triton_exact.nojit --no-generic 2>&1 | tail -3
+      python3 tests/gpu/replace_under_load.py --bundle $W/triton.nojit --rebuilt $W/triton_exact.nojit --sources $MAP \
+        --servers 4 --readers 2 --duration "${REPLACE_SECONDS:-180}" --json "$OUT/replace_under_load.json" 2>&1 \
+        | tail -40 || rc=1
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
