@@ -371,3 +371,26 @@ def test_kernel_ids_import_only_installed_package_modules(tmp_path, monkeypatch)
         with pytest.raises(BundleMismatchError):
             resolve_object(kid, packages=())
     assert "this" not in sys.modules and "planted_nojit_probe" not in sys.modules
+
+
+def test_driver_errors_name_kernel_key_and_bundle():
+    from types import SimpleNamespace
+
+    from nojit.loader.cuda_launch import BundledFunction
+
+    entry = SimpleNamespace(kernel="vllm.m:k", variant="exact", key={"spec": [["i32", "D"]], "options": []}, blob="0" * 64)
+    f = BundledFunction(SimpleNamespace(path="/srv/b.nojit"), entry, "k", 0, None)
+    text = f.where()
+    assert "kernel vllm.m:k" in text and '[["i32","D"]]' in text and "bundle /srv/b.nojit" in text
+
+
+def test_internal_errors_are_contained_outside_strict_mode(caplog):
+    from nojit.loader.errors import LaunchError
+    from nojit.loader.policy import ServingPolicy
+    from nojit.loader.settings import Mode
+
+    assert not ServingPolicy(Mode.STRICT, "b.nojit").contain("vllm.m:k", LaunchError("boom"))
+    p = ServingPolicy(Mode.PERMISSIVE, "b.nojit")
+    assert p.contain("vllm.m:k", LaunchError("boom")) and p.contain("vllm.m:k", LaunchError("boom"))
+    assert p.summary() == {"contained": 2}
+    assert sum("failed in the loader" in r.message for r in caplog.records) == 1  # once per kernel
