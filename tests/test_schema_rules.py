@@ -394,3 +394,46 @@ def test_internal_errors_are_contained_outside_strict_mode(caplog):
     assert p.contain("vllm.m:k", LaunchError("boom")) and p.contain("vllm.m:k", LaunchError("boom"))
     assert p.summary() == {"contained": 2}
     assert sum("failed in the loader" in r.message for r in caplog.records) == 1  # once per kernel
+
+
+def test_tagged_values_round_trip_and_stay_distinct():
+    """tag() and check_tagged(): True, 1 and 1.0 distinct; non-finite floats by name; wrappers unwrapped."""
+    from nojit.loader.key_values import UnsupportedArgument, check_tagged, tag
+
+    class dtype:  # noqa: N801  stands for triton.language.dtype (tag looks at the class name only)
+        def __str__(self):
+            return "fp32"
+
+    class constexpr:  # noqa: N801
+        value = 3
+
+    class JITFunction:
+        cache_key = "c" * 8
+
+    cases = [(True, ("bool", True)), (1, ("int", 1)), (1.0, ("float", 1.0)), ("x", ("str", "x")),
+             (None, ("NoneType", None))]
+    for value, want in cases:
+        assert tag(value) == want and type(tag(value)[1]) is type(want[1])
+        check_tagged(list(want))
+    assert tag(float("inf")) == ("float", "inf") and tag(float("-inf")) == ("float", "-inf")
+    assert tag(float("nan")) == ("float", "nan")
+    assert tag(dtype()) == ("dtype", "fp32") and tag(constexpr()) == ("int", 3) and tag(JITFunction()) == ("jit", "c" * 8)
+    assert tag((1, True)) == ("tuple", (("int", 1), ("bool", True)))
+    check_tagged(["tuple", [["int", 1], ["bool", True]]])
+    with pytest.raises(UnsupportedArgument):
+        tag([1])
+    with pytest.raises(UnsupportedArgument):
+        tag(object())
+    for bad in (["int", True], ["bool", 1], ["float", "1e5"], ["str", 1], ["NoneType", 0], ["tuple", 5], ["int"],
+                "int", ["x", 1], [1, 1], ["tuple", [["int", "no"]]]):
+        with pytest.raises(ValueError):
+            check_tagged(bad)
+    deep = ["int", 1]
+    for _ in range(9):
+        deep = ["tuple", [deep]]
+    with pytest.raises(ValueError, match="deeply"):
+        check_tagged(deep)
+    ok = ["int", 1]
+    for _ in range(8):
+        ok = ["tuple", [ok]]
+    check_tagged(ok)
