@@ -316,6 +316,7 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy,
         if fn is None:
             raise BundleMismatchError(f"cannot find the Python function behind {kid}", fix="report this to nojit")
         server = _server_for(fn, kid)
+        server._verify_source()  # the module is complete: a stale source is refused now, at install
         server._original = jit_impl  # type: ignore[attr-defined]
         setattr(mhc, name, server)
     return _state.servers

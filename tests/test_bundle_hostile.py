@@ -12,7 +12,7 @@ Two families, both counted per validation stage (the table is printed; run with 
 
 Memory and time are capped in the test: tracemalloc peak and wall time per case, and the
 decompression bombs run in a subprocess under RLIMIT_AS. NOJIT_FUZZ_EXAMPLES raises the number of
-cases (default keeps CI at about a minute).
+cases (default keeps CI at about a minute); NOJIT_FUZZ_BUNDLE damages another real bundle.
 """
 
 from __future__ import annotations
@@ -336,7 +336,10 @@ def test_one_broken_field_is_always_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def real_bundle(request, tmp_path_factory):
-    """The small real Triton bundle when vLLM is installed (session fixture), else a written one."""
+    """NOJIT_FUZZ_BUNDLE if set (any real bundle), else the small real Triton bundle when vLLM is installed
+    (session fixture), else a written one."""
+    if os.environ.get("NOJIT_FUZZ_BUNDLE"):
+        return os.environ["NOJIT_FUZZ_BUNDLE"]
     try:
         return request.getfixturevalue("small_build")["bundle"]
     except pytest.skip.Exception:
