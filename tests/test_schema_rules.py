@@ -338,6 +338,14 @@ def test_expression_shapes_that_used_to_escape(bad):
 
 
 def test_expression_evaluation_bounds():
+    validate_expr(1 << 62, set())
+    validate_expr(-(1 << 62), set())
+    for bad in ((1 << 62) + 1, -(1 << 62) - 1):
+        with pytest.raises(ValueError, match="out of range"):
+            validate_expr(bad, set())
+    with pytest.raises(ValueError, match="outside"):
+        evaluate({"op": "-", "args": [0, 1]}, {})
+    assert evaluate(0, {}) == 0
     assert evaluate({"op": "select", "args": [{"var": "n"}, 2, 3]}, {"n": 0}) == 3
     assert evaluate({"op": "select", "args": [{"var": "n"}, 2, 3]}, {"n": 5}) == 2
     with pytest.raises(ValueError):
@@ -424,8 +432,11 @@ def test_tagged_values_round_trip_and_stay_distinct():
         tag([1])
     with pytest.raises(UnsupportedArgument):
         tag(object())
+    check_tagged(["dtype", "fp32"])
+    check_tagged(["jit", "abc"])
+    check_tagged(["float", "nan"])
     for bad in (["int", True], ["bool", 1], ["float", "1e5"], ["str", 1], ["NoneType", 0], ["tuple", 5], ["int"],
-                "int", ["x", 1], [1, 1], ["tuple", [["int", "no"]]]):
+                "int", ["x", 1], [1, 1], ["tuple", [["int", "no"]]], 5, None, ["int", 1, 2]):
         with pytest.raises(ValueError):
             check_tagged(bad)
     deep = ["int", 1]
