@@ -213,7 +213,7 @@ def install(
 
 def _allowed_words(words: Any) -> frozenset[str]:
     """install(allow_mismatch=...) takes the words NOJIT_ALLOW_MISMATCH takes, checked the same way."""
-    return settings.__class__.allow_mismatch.parse(",".join(words))
+    return type(settings).allow_mismatch.parse(",".join(words))
 
 
 def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver, allow: frozenset[str]) -> None:

@@ -38,6 +38,8 @@ class _EnvSetting(Generic[T]):
         raise NotImplementedError
 
     def __get__(self, obj: object, objtype: type | None = None) -> T:
+        if obj is None:  # Settings.name: the setting itself (its parse, its doc)
+            return self  # type: ignore[return-value]
         raw = os.environ.get(self.name)
         if raw is None or raw == "":
             return self.default

@@ -448,3 +448,11 @@ def test_tagged_values_round_trip_and_stay_distinct():
     for _ in range(8):
         ok = ["tuple", [ok]]
     check_tagged(ok)
+
+
+def test_install_checks_allow_mismatch_words_like_the_environment():
+    from nojit.loader.install import _allowed_words
+
+    assert _allowed_words(frozenset({"Triton", "vllm"})) == frozenset({"triton", "vllm"})
+    with pytest.raises(NoJitError, match="'all' is not one of"):
+        _allowed_words(["all"])
