@@ -207,7 +207,7 @@ def broken_bundle(draw):
     tl = [i for i, e in enumerate(m["entries"]) if m["kernels"][e["kernel"]]["runtime"] == "tilelang"]
     if kind == "wrong type":
         path, value = draw(st.sampled_from(paths))
-        _set(m, path, {"x": 1} if not isinstance(value, dict) else 7)
+        _set(m, path, {"x": 1} if not isinstance(value, dict) else "x")  # (an int would be a valid expression)
         kind = f"wrong type at {path}"
     elif kind == "missing":
         cands = [(p, v) for p, v in paths if isinstance(p[-1], str) and p[-1] not in OPTIONAL]
