@@ -338,11 +338,18 @@ int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t g
     }
   }
   int rc = pack_args(arg_types, arg_values, num_args, slots, params, err, errlen);
+  /* A cluster that is empty or whose 32-bit product wraps must be refused, never launched without it. */
+  uint64_t cluster_blocks = (uint64_t)cluster_x * cluster_y * cluster_z;
+  if (!rc && (cluster_blocks == 0 || cluster_blocks > NOJIT_MAX_CLUSTER_BLOCKS)) {
+    set_err(err, errlen, "nojit_launch: cluster (%u, %u, %u) is outside 1..%d blocks", cluster_x, cluster_y,
+            cluster_z, NOJIT_MAX_CLUSTER_BLOCKS);
+    rc = NOJIT_ERR_BAD_ARGUMENT;
+  }
   if (!rc) {
     NjLaunchAttribute attrs[4];
     unsigned n_attrs = 0;
     memset(attrs, 0, sizeof(attrs));
-    if (cluster_x * cluster_y * cluster_z > 1) {
+    if (cluster_blocks > 1) {
       attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
       attrs[n_attrs].value.clusterDim.x = cluster_x;
       attrs[n_attrs].value.clusterDim.y = cluster_y;

@@ -19,6 +19,8 @@
 #include <stdint.h>
 
 #define NOJIT_MAX_FAST_ARGS 128
+/* Hopper: at most 16 blocks per cluster (8 portable); the launcher refuses anything larger. */
+#define NOJIT_MAX_CLUSTER_BLOCKS 16
 
 /* nojit's own failure codes (CUresult values are >= 0). */
 #define NOJIT_ERR_NO_DRIVER (-1)

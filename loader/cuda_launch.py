@@ -158,16 +158,26 @@ class BundledFunction:
         f = self._functions.get(device)
         if f is None:
             blob = self.entry.blob
-            loaded = launcher().function(device, blob, lambda: self._bundle.read_blob(blob), self._symbol,
-                                         self._dynamic_smem)
+            try:
+                loaded = launcher().function(device, blob, lambda: self._bundle.read_blob(blob), self._symbol,
+                                             self._dynamic_smem)
+            except LaunchError as exc:
+                raise LaunchError(f"{exc.message} ({self.where()})", fix=exc.fix) from None
             if self._threads and loaded.max_threads and self._threads > loaded.max_threads:
                 raise LaunchError(f"{self.entry.kernel}: {self._threads} threads per block, the cubin allows "
                                   f"{loaded.max_threads}", fix="rebuild the bundle; this cubin is inconsistent")
             f = self._functions[device] = loaded.function
         return f
 
+    def where(self) -> str:
+        """Kernel, key and bundle of this entry, for driver errors."""
+        import json
+
+        key = json.dumps(self.entry.key, sort_keys=True, separators=(",", ":"))
+        return f"kernel {self.entry.kernel}, {self.entry.variant} key {key[:300]}, bundle {self._bundle.path}"
+
     def _failed(self, rc: int) -> LaunchError:
-        return launcher().error(self._err, f"launching {self.entry.kernel}", rc)
+        return launcher().error(self._err, f"launching {self.where()}", rc)
 
 
 def _fix_for(message: str) -> str:

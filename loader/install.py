@@ -9,6 +9,8 @@ and, in strict mode, closes every path to a compiler. It is safe to call more th
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import sys
@@ -49,6 +51,53 @@ def resolve_object(kernel_id: str, import_module: Callable[[str], Any] = importl
                 fix="the installed vLLM does not have this kernel: rebuild the bundle against it with `nojit build`",
             ) from None
     return obj
+
+
+def resolve_installed(kernel_id: str, packages: tuple[str, ...] = ("vllm",)) -> Any:
+    """`resolve_object` for a kernel id read from a bundle: the module is imported only if it is an installed
+    file of one of `packages` (the packages the bundle was built from), so bundle data never picks what runs."""
+    _check_importable(kernel_id, kernel_id.partition(":")[0], packages)
+    return resolve_object(kernel_id)
+
+
+def _check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]) -> None:
+    refuse = BundleMismatchError(
+        f"kernel {kernel_id}: {module_name} is not a module of the installed {' or '.join(packages) or '(no package)'}; "
+        "nojit imports nothing else a bundle names",
+        fix="the bundle is not from this vLLM (or was edited): rebuild it with `nojit build`",
+    )
+    root = module_name.partition(".")[0]
+    if root not in packages or not all(p.isidentifier() for p in module_name.split(".")):
+        raise refuse
+    try:
+        spec = importlib.util.find_spec(module_name)  # imports the parent packages: modules of `root`
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or os.path.realpath(spec.origin) not in _distribution_files(root):
+        raise refuse
+
+
+_files_of: dict[str, frozenset[str]] = {}
+
+
+def _distribution_files(package: str) -> frozenset[str]:
+    """Absolute paths of the files the installed distribution of `package` holds (its RECORD), or its directory's."""
+    files = _files_of.get(package)
+    if files is None:
+        found: set[str] = set()
+        try:
+            dist = importlib.metadata.distribution(package)
+            found = {os.path.realpath(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".py")}
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        spec = importlib.util.find_spec(package)
+        if not found and spec is not None and spec.submodule_search_locations:
+            # an editable (development) install's RECORD lists no modules: its source tree is the package
+            for base in spec.submodule_search_locations:
+                for d, _, names in os.walk(base):
+                    found.update(os.path.realpath(os.path.join(d, n)) for n in names if n.endswith(".py"))
+        files = _files_of[package] = frozenset(found)
+    return files
 
 
 def jit_function_of(obj: Any) -> Any:
@@ -144,8 +193,8 @@ def install(
             raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`, "
                               "or install a bundle wheel made by `nojit package`")
         mode = Mode(mode) if mode is not None else settings.mode
-        allow = settings.allow_mismatch if allow_mismatch is None else frozenset(allow_mismatch)
-        bundle = Bundle.open(path)
+        allow = settings.allow_mismatch if allow_mismatch is None else _allowed_words(allow_mismatch)
+        bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
         if mode is Mode.STRICT:
             firewall.activate(bundle.manifest)  # before anything imports a library that looks for compilers
         allowed = check_versions(bundle.manifest, path, RuntimeVersions.of_this_process(), allow)
@@ -155,7 +204,8 @@ def install(
         policy = ServingPolicy(mode, path, recorder)
         inst = Installation(bundle, policy, mode, allowed_differences=allowed,
                             arguments={**asked, "bundle_path": path, "mode": mode, "allow_mismatch": allow})
-        resolve = resolver or resolve_object
+        packages = ("vllm",) if bundle.manifest.producer.vllm else ()  # what the bundle was built from
+        resolve = resolver or (lambda kid: resolve_installed(kid, packages))
         wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
         records = bundle.manifest.kernels
         tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
@@ -192,6 +242,11 @@ def _installed_bundle_path() -> str | None:
     return found.path if found else None
 
 
+def _allowed_words(words: Any) -> frozenset[str]:
+    """install(allow_mismatch=...) takes the words NOJIT_ALLOW_MISMATCH takes, checked the same way."""
+    return type(settings).allow_mismatch.parse(",".join(words))
+
+
 def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver, allow: frozenset[str]) -> None:
     import triton
     from triton._utils import canonicalize_ptr_dtype
@@ -220,6 +275,7 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
                 "rebuild the bundle against the installed vLLM",
             )
         if not check_source(kid, record.source_hash, fn.cache_key, bundle.path, allow):
+            inst.allowed_differences.append(f"source: {kid} changed since the bundle was built")
             log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)", kid)
         try:
             server = TritonKernelServer(

@@ -55,3 +55,29 @@ def untag(tagged: tuple[str, Any]) -> Any:
     if kind == "tuple":
         return tuple(untag(v) for v in value)
     raise UnsupportedArgument(f"cannot rebuild a value of kind {kind!r} from a key")
+
+
+_TAG_TYPES = {"int": int, "bool": bool, "float": (float, int, str), "str": str, "NoneType": type(None), "dtype": str,
+              "jit": str}
+
+
+def check_tagged(value: Any, depth: int = 0) -> None:
+    """Raise ValueError unless `value` is the JSON form of a tagged value ([type name, value]), as `tag` writes it."""
+    if depth > 8:
+        raise ValueError("tagged value nested too deeply")
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str)):
+        raise ValueError(f"{value!r:.80} is not a [type, value] pair")
+    name, v = value
+    if name == "tuple":
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"tuple value {v!r:.80} is not a list")
+        for item in v:
+            check_tagged(item, depth + 1)
+        return
+    kind = _TAG_TYPES.get(name)
+    if kind is None:
+        raise ValueError(f"unknown value type {name!r:.40}")
+    if isinstance(v, bool) and name != "bool" or not isinstance(v, kind):
+        raise ValueError(f"{v!r:.80} is not a {name}")
+    if name == "float" and isinstance(v, str) and v not in ("inf", "-inf", "nan"):
+        raise ValueError(f"float {v!r:.40} is not inf, -inf or nan")

@@ -10,7 +10,7 @@ stores such an expression as a JSON tree, never as source text:
     {"op": "select", "args": [c, a, b]} c != 0 ? a : b
 
 Evaluation is a walk over that tree with integer arithmetic only: no eval, no attribute
-access, bounded depth, and every result must be a non-negative 32-bit integer.
+access, bounded depth and size (at most 256 nodes, so a launch pays a bounded cost), and every result must be a non-negative 32-bit integer.
 """
 
 from __future__ import annotations
@@ -31,10 +31,17 @@ _BINARY = {
     "==": lambda a, b: int(a == b),
 }
 _MAX_DEPTH = 32
+_MAX_NODES = 256  # a grid or block expression is evaluated per launch: its cost is bounded
 
 
-def validate_expr(expr: Any, variables: set[str], depth: int = 0) -> None:
-    """Raise ValueError unless expr is a well-formed expression over `variables`."""
+def validate_expr(expr: Any, variables: set[str] | frozenset[str], depth: int = 0) -> None:
+    """Raise ValueError unless expr is a well-formed expression over `variables`, of bounded size."""
+    if _validate(expr, variables, depth) > _MAX_NODES:
+        raise ValueError(f"expression has more than {_MAX_NODES} nodes")
+
+
+def _validate(expr: Any, variables: set[str] | frozenset[str], depth: int) -> int:
+    """Checks one node and its children; returns how many nodes it holds (the cost of evaluating it)."""
     if depth > _MAX_DEPTH:
         raise ValueError("expression nested too deeply")
     if isinstance(expr, bool):
@@ -42,21 +49,28 @@ def validate_expr(expr: Any, variables: set[str], depth: int = 0) -> None:
     if isinstance(expr, int):
         if not -(1 << 62) <= expr <= (1 << 62):
             raise ValueError(f"literal {expr} out of range")
-        return
+        return 1
     if not isinstance(expr, dict):
         raise ValueError(f"{type(expr).__name__} is not an expression")
     if set(expr) == {"var"}:
-        if expr["var"] not in variables:
-            raise ValueError(f"unknown variable {expr['var']!r}")
-        return
+        name = expr["var"]
+        if not isinstance(name, str) or name not in variables:
+            raise ValueError(f"unknown variable {name!r:.80}")
+        return 1
     if set(expr) != {"op", "args"} or not isinstance(expr["args"], list):
-        raise ValueError(f"malformed expression node {sorted(expr)}")
+        raise ValueError(f"malformed expression node {sorted(expr)!r:.80}")
     op, args = expr["op"], expr["args"]
+    if not isinstance(op, str) or (op != "select" and op not in _BINARY):
+        raise ValueError(f"unknown operator {op!r:.40}")
     arity = 3 if op == "select" else 2
-    if (op != "select" and op not in _BINARY) or len(args) != arity:
-        raise ValueError(f"unknown operator {op!r} or wrong arity {len(args)}")
+    if len(args) != arity:
+        raise ValueError(f"operator {op} takes {arity} arguments, not {len(args)}")
+    nodes = 1
     for a in args:
-        validate_expr(a, variables, depth + 1)
+        nodes += _validate(a, variables, depth + 1)
+        if nodes > _MAX_NODES:
+            raise ValueError(f"expression has more than {_MAX_NODES} nodes")
+    return nodes
 
 
 def evaluate(expr: Any, values: Mapping[str, int]) -> int:

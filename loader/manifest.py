@@ -20,6 +20,7 @@ RUNTIMES = ("triton", "tilelang")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
+MAX_CUBIN_BYTES = 64 << 20  # one cubin, raw; real ones are at most a few MB
 
 
 class _Fields:
@@ -60,6 +61,8 @@ class _Fields:
         value = self.get(name, str, optional)
         if value is not None and len(value) > max_len:
             raise self._bad(name, f"is longer than {max_len} characters")
+        if value is not None and not value.isprintable():
+            raise self._bad(name, "holds a NUL or control character")
         return value
 
     def sub(self, name: str) -> "_Fields":
@@ -72,6 +75,34 @@ _REBUILD = "the bundle file is damaged or not a nojit bundle: rebuild it with `n
 def _kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join(k.__name__ for k in kinds)
+
+
+TORCH_DTYPES = frozenset({
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
+    "float32", "float64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+})
+# Triton parameter type -> the C launcher's type code (pointers are "p").
+TRITON_TYPE_CODES = {
+    "i1": "c", "u1": "c", "i8": "c", "u8": "c", "i16": "h", "u16": "H", "i32": "i", "u32": "u",
+    "i64": "l", "u64": "L", "fp16": "e", "bf16": "b", "fp32": "f", "f32": "f", "fp64": "d",
+}
+_GRID_LIMITS = ((1 << 31) - 1, 65535, 65535)  # CUDA's grid limits per axis
+MAX_CLUSTER_BLOCKS = 16  # Hopper's largest (non-portable) cluster; csrc refuses more as well
+
+
+class _AnyName(frozenset):
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.isidentifier()
+
+
+_ANY_NAME = _AnyName()
+
+
+def _check_cluster(f: _Fields, cluster: list[Any]) -> None:
+    if len(cluster) != 3 or not all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 16 for c in cluster):
+        raise f._bad("cluster_dims", "is not three integers in [1, 16]")
+    if cluster[0] * cluster[1] * cluster[2] > MAX_CLUSTER_BLOCKS:
+        raise f._bad("cluster_dims", f"{cluster} holds more than {MAX_CLUSTER_BLOCKS} blocks")
 
 
 def _sha(f: _Fields, name: str) -> str:
@@ -192,8 +223,7 @@ class TritonLaunch:
     def from_json(cls, f: _Fields) -> TritonLaunch:
         cluster = f.get("cluster_dims", list)
         args = f.get("args", list)
-        if len(cluster) != 3 or not all(isinstance(c, int) and not isinstance(c, bool) and 1 <= c <= 16 for c in cluster):
-            raise f._bad("cluster_dims", "is not three integers in [1, 16]")
+        _check_cluster(f, cluster)
         parsed_args = []
         for a in args:
             if (
@@ -207,6 +237,8 @@ class TritonLaunch:
                 or a[1] not in ARG_TYPE_CODES
             ):
                 raise f._bad("args", f"has a malformed item {a!r}")
+            if parsed_args and a[0] <= parsed_args[-1][0]:
+                raise f._bad("args", f"indices are not increasing at {a!r}")
             parsed_args.append((a[0], a[1]))
         return cls(
             symbol=f.str("symbol", max_len=512),
@@ -269,31 +301,61 @@ class TileLangLaunch:
         dyn = f.get("dynamic_vars", dict)
         grid = f.get("grid", list)
         block = f.get("block", list)
+        tensors: dict[str, int] = {}  # tensor parameter name -> rank
+        for p in tensor_params:
+            tf = _Fields(p, f"{f.where}.tensor_params[]", f.source)
+            name = tf.str("name", max_len=256)
+            if name in tensors:
+                raise tf._bad("name", f"{name!r} is listed twice")
+            if tf.str("dtype", max_len=32) not in TORCH_DTYPES:
+                raise tf._bad("dtype", f"= {p['dtype']!r} is not a torch dtype the launcher checks")
+            shape = tf.get("shape", list)
+            if len(shape) > 16:
+                raise tf._bad("shape", "has more than 16 dimensions")
+            for d in shape:
+                try:
+                    validate_expr(d, _ANY_NAME)  # shapes may name variables the launch never reads
+                except ValueError as exc:
+                    raise tf._bad("shape", f"holds an invalid expression: {exc}") from None
+            tensors[name] = len(shape)
+        for name, src in dyn.items():
+            sf = _Fields(src, f"{f.where}.dynamic_vars.{name}", f.source)
+            if not name.isidentifier():
+                raise sf._bad("name", f"{name!r:.80} is not an identifier")
+            param = sf.str("param", max_len=256)
+            if param not in tensors:
+                raise sf._bad("param", f"names {param!r}, which is not a tensor parameter")
+            sf.int("dim", 0, tensors[param] - 1)
         for p in params:
             pf = _Fields(p, f"{f.where}.params[]", f.source)
             kind = pf.str("kind")
-            pf.str("name", max_len=256)
+            name = pf.str("name", max_len=256)
             if kind == "scalar":
                 if pf.str("ctype") not in ("int32", "int64"):
                     raise pf._bad("ctype", "is not int32 or int64")
-            elif kind != "tensor":
+                if name not in dyn:
+                    raise pf._bad("name", f"{name!r} is not a dynamic variable")
+            elif kind == "tensor":
+                if name not in tensors:
+                    raise pf._bad("name", f"{name!r} is not a tensor parameter")
+            else:
                 raise pf._bad("kind", f"= {kind!r} is not tensor or scalar")
-        for p in tensor_params:
-            _Fields(p, f"{f.where}.tensor_params[]", f.source).str("name", max_len=256)
-        for name, src in dyn.items():
-            sf = _Fields(src, f"{f.where}.dynamic_vars.{name}", f.source)
-            sf.str("param", max_len=256)
-            sf.int("dim", 0, 16)
         if len(grid) != 3 or len(block) != 3:
             raise f._bad("grid", "grid and block must have three expressions each")
-        for e in (*grid, *block):
-            try:
-                validate_expr(e, set(dyn))
-            except ValueError as exc:
-                raise f._bad("grid", f"holds an invalid expression: {exc}") from None
+        for what, exprs in (("grid", grid), ("block", block)):
+            for e in exprs:
+                try:
+                    validate_expr(e, frozenset(dyn))
+                except ValueError as exc:
+                    raise f._bad(what, f"holds an invalid expression: {exc}") from None
+            limits = _GRID_LIMITS if what == "grid" else (1024, 1024, 64)
+            if any(isinstance(e, int) and not 0 <= e <= hi for e, hi in zip(exprs, limits)):
+                raise f._bad(what, f"{exprs} is not a launch size (at most {limits})")
+        if all(isinstance(e, int) for e in block) and not 1 <= block[0] * block[1] * block[2] <= 1024:
+            raise f._bad("block", f"{block} is not 1 to 1024 threads")
         cluster = f.get("cluster_dims", list, optional=True)
-        if cluster is not None and (len(cluster) != 3 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in cluster)):
-            raise f._bad("cluster_dims", "is not three positive integers")
+        if cluster is not None:
+            _check_cluster(f, cluster)
         return cls(
             symbol=f.str("symbol", max_len=512),
             params=tuple(params),
@@ -303,7 +365,7 @@ class TileLangLaunch:
             block=(block[0], block[1], block[2]),
             dynamic_smem=f.int("dynamic_smem", 0, 1 << 20),
             pdl=f.get("pdl", bool),
-            cluster_dims=tuple(cluster) if cluster else None,
+            cluster_dims=(cluster[0], cluster[1], cluster[2]) if cluster else None,
             cooperative=f.get("cooperative", bool),
         )
 
@@ -329,14 +391,17 @@ class KernelRecord:
 
     @classmethod
     def from_json(cls, kid: str, f: _Fields) -> KernelRecord:
-        if ":" not in kid or len(kid) > 512:
-            raise f._bad("id", f"{kid!r} is not module:qualname")
+        module, _, qualname = kid.partition(":")
+        if len(kid) > 512 or not _dotted(module) or not _dotted(qualname) or any(
+            p.startswith("__") for p in qualname.split(".")
+        ):
+            raise f._bad("id", f"{kid!r:.80} is not module:qualname")
         runtime = f.str("runtime")
         if runtime not in RUNTIMES:
             raise f._bad("runtime", f"= {runtime!r} is not one of {RUNTIMES}")
         params = f.get("params", list)
-        if not all(isinstance(p, str) for p in params):
-            raise f._bad("params", "holds a non-string name")
+        if len(params) > 4096 or not all(isinstance(p, str) and p.isidentifier() for p in params):
+            raise f._bad("params", "holds a name that is not an identifier")
         return cls(kid, runtime, f.str("source_hash", max_len=128), tuple(params), f.get("info", dict))
 
 
@@ -400,31 +465,20 @@ class Manifest:
             if len(sha) != 64 or not set(sha) <= _HEX:
                 raise bf._bad("sha256", "is not a sha256 hex digest")
             offset = bf.int("offset", 0, file_size)
-            length = bf.int("length", 1, file_size)
+            length = bf.int("length", 1, min(file_size, MAX_CUBIN_BYTES + (1 << 20)))
             if offset + length > file_size:
                 raise bf._bad("length", f"runs past the end of the file ({offset}+{length} > {file_size} bytes)")
-            blobs[sha] = BlobRef(sha, offset, length, bf.int("size", 1, 1 << 31))
+            blobs[sha] = BlobRef(sha, offset, length, bf.int("size", 1, MAX_CUBIN_BYTES))
         kernels = {
             kid: KernelRecord.from_json(kid, _Fields(rec, f"manifest.kernels[{kid!r}]", source))
             for kid, rec in f.get("kernels", dict).items()
         }
-        entries = []
-        for i, e in enumerate(f.get("entries", list)):
-            ef = _Fields(e, f"manifest.entries[{i}]", source)
-            kernel = ef.str("kernel", max_len=512)
-            if kernel not in kernels:
-                raise ef._bad("kernel", f"names {kernel!r}, which the manifest does not list")
-            blob = _sha(ef, "blob")
-            if blob not in blobs:
-                raise ef._bad("blob", f"names a blob {blob[:12]} the manifest does not list")
-            variant = ef.str("variant")
-            if variant not in VARIANTS:
-                raise ef._bad("variant", f"= {variant!r} is not one of {VARIANTS}")
-            if "key" not in ef.obj:
-                raise ef._bad("key", "is missing")
-            lf = ef.sub("launch")
-            launch = (TritonLaunch if kernels[kernel].runtime == "triton" else TileLangLaunch).from_json(lf)
-            entries.append(Entry(kernel, _check_json_value(ef.obj["key"], ef), variant, blob, launch, ef.str("origin")))
+        entries = [_entry_from_json(i, e, kernels, blobs, source) for i, e in enumerate(f.get("entries", list))]
+        by_kernel: dict[str, list[Entry]] = {}
+        for e in entries:
+            by_kernel.setdefault(e.kernel, []).append(e)
+        for kid, group in by_kernel.items():
+            _check_kernel_entries(kernels[kid], group, source)
         return cls(
             format=fmt,
             producer=Producer.from_json(f.sub("producer")),
@@ -434,6 +488,89 @@ class Manifest:
             entries=tuple(entries),
             blobs=blobs,
         )
+
+
+# Per-kernel validation: each function below reads one entry, or one kernel's entries, and
+# nothing else of the manifest, so it can move to a kernel's first use when opening becomes
+# lazy (indexed per kernel) without changing what is checked.
+def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: dict[str, BlobRef], source: str) -> Entry:
+    """One entry, with every field a launch reads checked against its kernel's record."""
+    ef = _Fields(e, f"manifest.entries[{i}]", source)
+    kernel = ef.str("kernel", max_len=512)
+    if kernel not in kernels:
+        raise ef._bad("kernel", f"names {kernel!r:.80}, which the manifest does not list")
+    record = kernels[kernel]
+    blob = _sha(ef, "blob")
+    if blob not in blobs:
+        raise ef._bad("blob", f"names a blob {blob[:12]} the manifest does not list")
+    variant = ef.str("variant")
+    if variant not in VARIANTS:
+        raise ef._bad("variant", f"= {variant!r:.40} is not one of {VARIANTS}")
+    if "key" not in ef.obj:
+        raise ef._bad("key", "is missing")
+    key = _check_json_value(ef.obj["key"], ef)
+    lf = ef.sub("launch")
+    if record.runtime == "triton":
+        launch: TritonLaunch | TileLangLaunch = TritonLaunch.from_json(lf)
+        _check_triton_key(ef, key, launch, record)
+    else:
+        launch = TileLangLaunch.from_json(lf)
+        _check_tilelang_key(ef, key, launch)
+    return Entry(kernel, key, variant, blob, launch, ef.str("origin", max_len=1024))
+
+
+def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: KernelRecord) -> None:
+    """The key decodes, has one item per parameter, and the launch passes exactly its run-time items, typed alike."""
+    from nojit.loader.triton_key import key_from_json
+
+    try:
+        spec, _options = key_from_json(key)
+    except ValueError as exc:
+        raise ef._bad("key", f"is not a Triton key: {exc}") from None
+    if len(spec) != len(record.params):
+        raise ef._bad("key", f"has {len(spec)} items for {len(record.params)} parameters")
+    runtime = [i for i, (ty, _) in enumerate(spec) if ty != "constexpr"]
+    if [i for i, _ in launch.args] != runtime:
+        raise ef._bad("launch.args", f"passes parameters {[i for i, _ in launch.args]}, the key's run-time "
+                      f"parameters are {runtime}")
+    for index, code in launch.args:
+        ty = spec[index][0]
+        want = "p" if ty.startswith("*") else TRITON_TYPE_CODES.get(ty)
+        if code != want:
+            raise ef._bad("launch.args", f"passes parameter {index} ({ty}) as {code!r}, expected {want!r}")
+
+
+def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:
+    from nojit.loader.tilelang_key import key_from_json
+
+    try:
+        key_from_json(key)
+    except ValueError as exc:
+        raise ef._bad("key", f"is not a TileLang key: {exc}") from None
+
+
+def _check_kernel_entries(record: KernelRecord, entries: list[Entry], source: str) -> None:
+    """Across one kernel's entries: no key twice, and one TileLang tensor signature (the server reads the first)."""
+    from nojit.loader.bundle_file import canonical_json
+
+    seen: set[tuple[bytes, str]] = set()
+    for e in entries:
+        ident = (canonical_json(e.key), e.variant)
+        if ident in seen:
+            raise BundleCorruptError(f"{source}: kernel {record.id} has two {e.variant} entries for key "
+                                     f"{ident[0][:200].decode()}", fix=_REBUILD)
+        seen.add(ident)
+    if record.runtime == "tilelang":
+        first = entries[0].launch.tensor_params  # type: ignore[union-attr]
+        names = [t["name"] for t in first]
+        for e in entries[1:]:
+            if [t["name"] for t in e.launch.tensor_params] != names:  # type: ignore[union-attr]
+                raise BundleCorruptError(f"{source}: kernel {record.id}: entries disagree on its tensor parameters",
+                                         fix=_REBUILD)
+
+
+def _dotted(name: str) -> bool:
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
 
 
 def _check_json_value(value: Any, f: _Fields, depth: int = 0) -> Any:

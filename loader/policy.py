@@ -94,6 +94,18 @@ class ServingPolicy:
             log.warning("nojit: %s key %s is not in %s%s; compiling it with the JIT", kernel, key_text, self.bundle_path,
                         f" ({reason})" if reason else "")
 
+    def contain(self, kernel: str, exc: Exception) -> bool:
+        """An internal nojit error on a call: in permissive and record modes the call falls back to the JIT
+        (True; logged once per kernel); in strict mode it is raised (False)."""
+        if self.mode is Mode.STRICT:
+            return False
+        self.counts[(kernel, "contained")] += 1
+        if (kernel, "error") not in self._warned:
+            self._warned.add((kernel, "error"))
+            log.warning("nojit: %s failed in the loader (%s); this call and later failures go to the JIT", kernel,
+                        str(exc).splitlines()[0][:300])
+        return True
+
     def summary(self) -> dict[str, int]:
         out: Counter[str] = Counter()
         for (_, outcome), n in self.counts.items():

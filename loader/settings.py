@@ -16,6 +16,9 @@ from nojit.loader.errors import NoJitError
 
 T = TypeVar("T")
 
+# Producer facts NOJIT_ALLOW_MISMATCH may name (versions.py compares them).
+MISMATCH_FACTS = ("vllm", "triton", "tilelang", "arch", "source")
+
 
 class Mode(str, enum.Enum):
     """What the loader does when the bundle has no entry for a requested key."""
@@ -35,6 +38,8 @@ class _EnvSetting(Generic[T]):
         raise NotImplementedError
 
     def __get__(self, obj: object, objtype: type | None = None) -> T:
+        if obj is None:  # Settings.name: the setting itself (its parse, its doc)
+            return self  # type: ignore[return-value]
         raw = os.environ.get(self.name)
         if raw is None or raw == "":
             return self.default
@@ -70,9 +75,21 @@ class _Mode(_EnvSetting[Mode]):
             raise NoJitError(f"NOJIT_MODE={raw!r} is not a mode", fix=f"set NOJIT_MODE to one of: {choices}") from None
 
 
-class _CsvSet(_EnvSetting[frozenset]):
+class _Choices(_EnvSetting[frozenset]):
+    """A comma-separated set of known words, case-insensitive; an unknown word is an error, never ignored."""
+
+    def __init__(self, name: str, default: frozenset, doc: str, choices: tuple[str, ...]) -> None:
+        super().__init__(name, default, doc)
+        self.choices = choices
+
     def parse(self, raw: str) -> frozenset:
-        return frozenset(part.strip() for part in raw.split(",") if part.strip())
+        words = frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
+        unknown = sorted(words - set(self.choices))
+        if unknown:
+            raise NoJitError(f"{self.name}={raw!r}: {', '.join(map(repr, unknown))} is not one of {', '.join(self.choices)}",
+                             fix=f"list only these words, comma-separated (e.g. {self.name}={self.choices[0]}); "
+                             "there is no 'all': name each difference you accept")
+        return words
 
 
 class Settings:
@@ -83,11 +100,16 @@ class Settings:
     record_file = _OptionalPath(
         "NOJIT_RECORD_FILE", None, "Where record mode appends requested keys (default: <bundle>.keys.jsonl)."
     )
-    allow_mismatch = _CsvSet(
+    allow_mismatch = _Choices(
         "NOJIT_ALLOW_MISMATCH",
         frozenset(),
         "Comma-separated producer facts the loader may ignore when they differ: "
-        "vllm, triton, tilelang, arch, source. Default: none (refuse any mismatch).",
+        "vllm, triton, tilelang, arch, source (case-insensitive; any other word is an error). "
+        "Default: none (refuse any mismatch).",
+        MISMATCH_FACTS,
+    )
+    bundle_sha256 = _Str(
+        "NOJIT_BUNDLE_SHA256", None, "sha256 the bundle file must have; checked before anything in it is parsed."
     )
     event_log = _OptionalPath(
         "NOJIT_EVENT_LOG", None,

@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from nojit.loader.key_values import tag
+from nojit.loader.key_values import check_tagged, tag
 
 MISSING = object()  # a tensor argument not given (TileLang's compile(**scalars) form)
 
@@ -31,10 +31,15 @@ def key_from_json(obj: Any) -> tuple[Any, ...]:
     if not isinstance(obj, dict) or set(obj) != {"args"} or not isinstance(obj["args"], list):
         raise ValueError("a TileLang key is an object with 'args'")
     out = []
+    names = set()
     for item in obj["args"]:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], list) and len(item[1]) == 2):
-            raise ValueError(f"malformed TileLang key item {item!r}")
+                and isinstance(item[1], list) and len(item[1]) == 2) or item[0] in names:
+            raise ValueError(f"malformed TileLang key item {item!r:.80}")
+        check_tagged(item[1])
+        if isinstance(item[1][1], list):
+            raise ValueError(f"TileLang key item {item[0]!r} holds a list")
+        names.add(item[0])
         out.append(item[1][1])
     return tuple(out)
 

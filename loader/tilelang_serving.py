@@ -155,7 +155,12 @@ class TileLangKernelServer:
         if self.policy.recording:
             self.policy.served(self.record.id, "tilelang", lambda: key_to_json(self.scalar_names, key), "exact",
                                self.record.source_hash)
-        variant(tensors)
+        try:
+            variant(tensors)
+        except NoJitError as exc:  # permissive/record: this call goes to the JIT; strict: raised
+            if not self.policy.contain(self.record.id, exc):
+                raise
+            return _real_tilelang_jit(self.fn, self.record.id)(*args, **kwargs)
         return None
 
     def compile(self, *args: Any, **kwargs: Any) -> Any:
@@ -311,6 +316,7 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy,
         if fn is None:
             raise BundleMismatchError(f"cannot find the Python function behind {kid}", fix="report this to nojit")
         server = _server_for(fn, kid)
+        server._verify_source()  # the module is complete: a stale source is refused now, at install
         server._original = jit_impl  # type: ignore[attr-defined]
         setattr(mhc, name, server)
     return _state.servers

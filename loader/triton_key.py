@@ -24,7 +24,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nojit.loader.key_values import UnsupportedArgument, tag
+from nojit.loader.key_values import UnsupportedArgument, check_tagged, tag
 
 SpecItem = tuple[Any, Any]
 Key = tuple[tuple[SpecItem, ...], tuple[tuple[str, Any], ...]]
@@ -223,9 +223,35 @@ def key_to_json(key: Key) -> dict[str, Any]:
 
 
 def key_from_json(obj: Any) -> Key:
+    """The lookup key of a bundle entry; ValueError unless every item has the form key_to_json writes."""
     if not isinstance(obj, dict) or set(obj) != {"spec", "options"}:
         raise ValueError("a Triton key is an object with 'spec' and 'options'")
-    return (_from_json(obj["spec"]), _from_json(obj["options"]))
+    spec, options = obj["spec"], obj["options"]
+    if not isinstance(spec, list) or not isinstance(options, list):
+        raise ValueError("a Triton key's spec and options are lists")
+    for item in spec:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0]):
+            raise ValueError(f"spec item {item!r:.80} is not [type, attribute]")
+        ty, attr = item
+        if ty == "constexpr":
+            check_tagged(attr)
+        elif ty.startswith("*"):
+            if attr not in (None, "D", ""):
+                raise ValueError(f"pointer attribute {attr!r:.40} is not D, '' or null")
+        elif attr is not None and attr not in ("D", ""):
+            check_tagged(attr)
+    names = set()
+    for item in options:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)) or item[0] in names:
+            raise ValueError(f"option {item!r:.80} is not a distinct [name, value]")
+        names.add(item[0])
+        check_tagged(item[1])
+    try:
+        key = (_from_json(spec), _from_json(options))
+        hash(key)
+    except (TypeError, RecursionError):
+        raise ValueError("a Triton key holds an unhashable value") from None
+    return key
 
 
 def key_text(key: Key) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.cuda_launch import BundledFunction
-from nojit.loader.errors import LaunchError
+from nojit.loader.errors import LaunchError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, TritonLaunch
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.torch_cuda import current_device, current_stream
@@ -197,7 +197,12 @@ class TritonKernelServer:
             return variant
         if callable(grid):
             grid = grid(dict(zip(self.names, bound)))
-        variant(bound, grid)
+        try:
+            variant(bound, grid)
+        except NoJitError as exc:  # permissive/record: this call goes to the JIT; strict: raised
+            if not self.policy.contain(self.record.id, exc):
+                raise
+            return self._jit_run(self.fn, *args, grid=grid, warmup=warmup, **kwargs)
         return variant
 
     def fallback_for(self, key: Key) -> TritonVariant | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from nojit.loader.errors import BundleMismatchError
 from nojit.loader.manifest import Manifest
 
-MISMATCH_FACTS = ("vllm", "triton", "tilelang", "arch", "source")
+from nojit.loader.settings import MISMATCH_FACTS  # noqa: F401  (the words NOJIT_ALLOW_MISMATCH accepts)
 
 
 def installed_version(distribution: str) -> str | None:

@@ -113,3 +113,20 @@ def test_no_driver_is_a_clear_error(tmp_path):
     if "libcuda.so.1" not in p.stdout:
         pytest.skip("a real libcuda.so.1 is installed here")
     assert "cannot open libcuda.so.1" in p.stdout and "fix: run on a machine with the NVIDIA driver" in p.stdout
+
+
+def test_a_cluster_out_of_range_is_refused_not_dropped(fake_driver, tmp_path):
+    """(65536, 65536, 1) wraps to 0 in 32 bits: the launch must fail, never go out without its cluster."""
+    lines = run_with_fake(fake_driver, tmp_path, """
+        from nojit.loader.errors import LaunchError
+        f = L.function(0, "ok", lambda: b"FAKE kern 8\\0", "kern", 0)
+        for cluster in ((65536, 65536, 1), (0, 1, 1), (17, 1, 1), (4, 4, 2)):
+            try:
+                L.launch(f.function, (1, 1, 1), (32, 1, 1), 0, 0, b"p", [0], cluster, False, False)
+            except LaunchError as e:
+                assert "cluster" in str(e), e
+            else:
+                raise SystemExit(f"cluster {cluster} launched")
+        L.launch(f.function, (2, 1, 1), (32, 1, 1), 0, 0, b"p", [0], (2, 1, 1), False, False)
+    """)
+    assert len(lines) == 1 and "4:2.1.1," in lines[0]

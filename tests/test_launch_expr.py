@@ -43,3 +43,22 @@ def test_results_must_fit_a_grid_axis():
 def test_ceil_div_matches_python(n, d):
     e = {"op": "//", "args": [{"op": "+", "args": [{"var": "n"}, d - 1]}, d]}
     assert evaluate(e, {"n": n}) == -(-n // d)
+
+
+@pytest.mark.parametrize("bad", [{"var": []}, {"var": {}}, {"op": [], "args": [1, 2]}, {"op": {}, "args": [1, 2]},
+                                 {"op": "select", "args": [1, 2]}, {"op": "+", "args": "ab"}])
+def test_unhashable_or_odd_nodes_are_a_value_error(bad):
+    with pytest.raises(ValueError):
+        validate_expr(bad, {"num_tokens"})
+
+
+def test_size_is_bounded():
+    """A wide tree under the depth limit: 2^9 leaves is over the node cap, so its per-launch cost is refused."""
+    e = {"var": "n"}
+    for _ in range(9):
+        e = {"op": "max", "args": [e, e]}
+    with pytest.raises(ValueError, match="nodes"):
+        validate_expr(e, {"n"})
+    small = {"op": "max", "args": [{"var": "n"}, 3]}
+    validate_expr(small, {"n"})
+    assert evaluate(small, {"n": 7}) == 7

@@ -18,6 +18,8 @@
 #            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
 #            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
 #            kernel are launched and checked from the installed file
+#   replace  servers (one per GPU, or 4 on one) and readers use a bundle while its file is replaced twice
+#            (a copy, then a --no-generic rebuild): bit-identical to the JIT, no error (REPLACE_SECONDS, default 180)
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -128,6 +130,13 @@ PY
         --parallel 8 --json "$OUT/check_wheel_triton.json" 2>&1 | tail -75 || rc=1
       PATH=$NOCC PYTHONPATH=$W/serve python3 tests/gpu/check_tilelang.py --bundle "$IB" --vllm-src .device/vllm_src \
         --json "$OUT/check_wheel_tilelang.json" 2>&1 | tail -60 || rc=1
+      ;;
+    replace)
+      [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
+      build_triton $W/triton_exact.nojit --no-generic 2>&1 | tail -3
+      python3 tests/gpu/replace_under_load.py --bundle $W/triton.nojit --rebuilt $W/triton_exact.nojit --sources $MAP \
+        --servers 4 --readers 2 --duration "${REPLACE_SECONDS:-180}" --json "$OUT/replace_under_load.json" 2>&1 \
+        | tail -40 || rc=1
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
