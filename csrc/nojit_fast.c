@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "nojit_cuda_abi.h"
 
@@ -575,6 +576,54 @@ static int parse_grid(PyObject *grid, uint32_t g[3]) {
   return 0;
 }
 
+/* Packed parameters and launch configuration of entry e for one call; -1 where C declines to pack. */
+static int prepare(const Entry *e, const Value *values, const uint32_t g[3], unsigned long long stream, uint64_t *slots,
+                   void **params, NjLaunchAttribute *attrs, NjLaunchConfig *cfg) {
+  int n = e->nargs;
+  for (int a = 0; a < n; a++) {
+    if (pack_one(e->arg_code[a], &values[e->arg_index[a]], &slots[a]))
+      return -1;
+    params[a] = &slots[a];
+  }
+  slots[n] = slots[n + 1] = 0; /* Triton's global and profile scratch pointers: unused by these entries */
+  params[n] = &slots[n];
+  params[n + 1] = &slots[n + 1];
+  unsigned na = 0;
+  memset(attrs, 0, 4 * sizeof(NjLaunchAttribute));
+  if (e->cx * e->cy * e->cz > 1) {
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[na].value.clusterDim.x = e->cx;
+    attrs[na].value.clusterDim.y = e->cy;
+    attrs[na].value.clusterDim.z = e->cz;
+    na++;
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[na].value.clusterSchedulingPolicyPreference = NJ_CLUSTER_SCHEDULING_POLICY_SPREAD;
+    na++;
+  }
+  if (e->pdl) {
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[na].value.programmaticStreamSerializationAllowed = 1;
+    na++;
+  }
+  if (e->coop) {
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[na].value.cooperative = 1;
+    na++;
+  }
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->gridDimX = g[0] * e->grid_mult;
+  cfg->gridDimY = g[1];
+  cfg->gridDimZ = g[2];
+  cfg->blockDimX = e->block_x;
+  cfg->blockDimY = 1;
+  cfg->blockDimZ = 1;
+  cfg->sharedMemBytes = e->shared;
+  cfg->hStream = (NjStream)(uintptr_t)stream;
+  cfg->attrs = na ? attrs : NULL;
+  cfg->numAttrs = na;
+  return 0;
+}
+
 /*
  * launch(table, bound, grid, device, stream) ->
  *   the entry's variant object: launched (or the grid was empty);
@@ -611,50 +660,10 @@ static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (g[0] && g[1] && g[2]) {
     uint64_t slots[NJ_MAX_PARAMS];
     void *params[NJ_MAX_PARAMS];
-    int n = e->nargs;
-    for (int a = 0; a < n; a++) {
-      if (pack_one(e->arg_code[a], &values[e->arg_index[a]], &slots[a]))
-        Py_RETURN_NONE;
-      params[a] = &slots[a];
-    }
-    slots[n] = slots[n + 1] = 0; /* Triton's global and profile scratch pointers: unused by these entries */
-    params[n] = &slots[n];
-    params[n + 1] = &slots[n + 1];
     NjLaunchAttribute attrs[4];
-    unsigned na = 0;
-    memset(attrs, 0, sizeof(attrs));
-    if (e->cx * e->cy * e->cz > 1) {
-      attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attrs[na].value.clusterDim.x = e->cx;
-      attrs[na].value.clusterDim.y = e->cy;
-      attrs[na].value.clusterDim.z = e->cz;
-      na++;
-      attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-      attrs[na].value.clusterSchedulingPolicyPreference = NJ_CLUSTER_SCHEDULING_POLICY_SPREAD;
-      na++;
-    }
-    if (e->pdl) {
-      attrs[na].id = NJ_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attrs[na].value.programmaticStreamSerializationAllowed = 1;
-      na++;
-    }
-    if (e->coop) {
-      attrs[na].id = NJ_LAUNCH_ATTRIBUTE_COOPERATIVE;
-      attrs[na].value.cooperative = 1;
-      na++;
-    }
     NjLaunchConfig cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.gridDimX = g[0] * e->grid_mult;
-    cfg.gridDimY = g[1];
-    cfg.gridDimZ = g[2];
-    cfg.blockDimX = e->block_x;
-    cfg.blockDimY = 1;
-    cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = e->shared;
-    cfg.hStream = (NjStream)(uintptr_t)stream;
-    cfg.attrs = na ? attrs : NULL;
-    cfg.numAttrs = na;
+    if (prepare(e, values, g, stream, slots, params, attrs, &cfg))
+      Py_RETURN_NONE;
     NjResult r = g_launch(&cfg, (NjFunction)(uintptr_t)function, params, NULL);
     if (r)
       return PyLong_FromLong(-(long)r);
@@ -707,6 +716,51 @@ static PyObject *fast_pack(PyObject *self, PyObject *args) {
   return PyBytes_FromStringAndSize((const char *)slots, (Py_ssize_t)e->nargs * 8);
 }
 
+
+/* floor(table, bound, grid, device, stream, iterations) -> ns per cuLaunchKernelEx, called in a C loop with the
+ * parameters packed once: the driver's own cost, the floor any launcher adds to (bench/bench_fastpath.py). */
+static PyObject *fast_floor(PyObject *self, PyObject *args) {
+  PyObject *capsule, *bound, *grid;
+  int device, iterations;
+  unsigned long long stream;
+  if (!PyArg_ParseTuple(args, "OOOiKi", &capsule, &bound, &grid, &device, &stream, &iterations))
+    return NULL;
+  Table *t = get_table(capsule);
+  if (!t)
+    return NULL;
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+  uint32_t g[3];
+  int idx;
+  if (parse_grid(grid, g) || classify(t, bound, codes, values) || (idx = find_entry(t, codes)) < 0 || device < 0 ||
+      device >= NJ_MAX_DEVICES || !t->entries[idx].function[device] || !g_launch) {
+    PyErr_SetString(PyExc_ValueError, "floor: the call is not a loaded exact entry of this table");
+    return NULL;
+  }
+  const Entry *e = &t->entries[idx];
+  uint64_t slots[NJ_MAX_PARAMS];
+  void *params[NJ_MAX_PARAMS];
+  NjLaunchAttribute attrs[4];
+  NjLaunchConfig cfg;
+  if (prepare(e, values, g, stream, slots, params, attrs, &cfg)) {
+    PyErr_SetString(PyExc_ValueError, "floor: arguments cannot be packed");
+    return NULL;
+  }
+  NjFunction f = (NjFunction)(uintptr_t)e->function[device];
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < iterations; i++) {
+    NjResult r = g_launch(&cfg, f, params, NULL);
+    if (r) {
+      PyErr_Format(PyExc_RuntimeError, "cuLaunchKernelEx failed (CUresult %d)", (int)r);
+      return NULL;
+    }
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+  return PyFloat_FromDouble(iterations > 0 ? ns / iterations : 0.0);
+}
+
 static PyMethodDef methods[] = {
     {"configure", fast_configure, METH_VARARGS, "configure(tensor_type, dtypes, cuLaunchKernelEx address)"},
     {"new_table", fast_new_table, METH_O, "new_table(params) -> table"},
@@ -715,6 +769,7 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL, "launch(table, bound, grid, device, stream)"},
     {"lookup", fast_lookup, METH_VARARGS, "lookup(table, bound) -> (entry index or -1, codes)"},
     {"pack", fast_pack, METH_VARARGS, "pack(table, entry, bound) -> bytes"},
+    {"floor", fast_floor, METH_VARARGS, "floor(table, bound, grid, device, stream, iterations) -> ns per launch"},
     {NULL, NULL, 0, NULL},
 };
 

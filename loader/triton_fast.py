@@ -86,6 +86,24 @@ def _untag(tagged: Any) -> tuple[bool, Any]:
     return True, value
 
 
+_POINTER_TYPES: dict[tuple[int, bool], tuple[str | None, ...]] = {}
+
+
+def _pointer_types(specializer: Any, is_const: bool) -> tuple[str | None, ...]:
+    """Triton's pointer type of every registered dtype (None: Triton cannot take it), once per process."""
+    cache_key = (id(specializer), is_const)
+    types = _POINTER_TYPES.get(cache_key)
+    if types is None:
+        out: list[str | None] = []
+        for dtype in fast_module().dtypes:
+            try:
+                out.append(specializer.pointer_type(dtype, is_const))
+            except Exception:  # a dtype Triton cannot take: never matches an entry
+                out.append(None)
+        types = _POINTER_TYPES[cache_key] = tuple(out)
+    return types
+
+
 class TritonFastPath:
     """The C tables of one kernel: one per launch-options key holding its exact entries."""
 
@@ -105,8 +123,8 @@ class TritonFastPath:
             ann = p.annotation_type
             kind = K_FIXED if ann and (ann == "u1" or ann[:2] in ("fp", "bf")) else K_ANNOT if ann else K_PLAIN
             self.kinds.append(kind)
-            is_const = bool(p.is_const)
-            codes = tuple(self._type_id(specializer, d, is_const) for d in m.dtypes)
+            codes = tuple(self._tymap.setdefault(ty, len(self._tymap)) if ty else 0xFFFF
+                          for ty in _pointer_types(specializer, bool(p.is_const)))
             params.append([kind, int(not p.do_not_specialize), int(not p.do_not_specialize_on_alignment), codes, cands])
         self._candidates = candidates
         by_options: dict[tuple, list[tuple[tuple[int, ...], Any]]] = {}
@@ -130,13 +148,6 @@ class TritonFastPath:
                 variants.append(variant)
             self.tables[okey] = table
             self.variants[id(table)] = variants
-
-    def _type_id(self, specializer: Any, dtype: Any, is_const: bool) -> int:
-        try:
-            ty = specializer.pointer_type(dtype, is_const)
-        except Exception:  # a dtype Triton cannot take: never matches an entry
-            return 0xFFFF
-        return self._tymap.setdefault(ty, len(self._tymap))
 
     def codes(self, spec: tuple) -> tuple[int, ...] | None:
         """The C codes of a bundle key's spec; None where C cannot recognise it (served by Python)."""

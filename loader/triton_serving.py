@@ -46,8 +46,18 @@ def _double_bits(v: Any) -> int:
     return _unpack_u64(_pack_double(float(v)))[0]
 
 
+_PACKERS: dict[tuple[tuple[int, str], ...], Any] = {}
+
+
 def _make_packer(args: tuple[tuple[int, str], ...]) -> Any:
-    """A generated function: bound arguments -> the 64-bit slots the C launcher reads."""
+    """A generated function: bound arguments -> the 64-bit slots the C launcher reads (one per argument layout)."""
+    packer = _PACKERS.get(args)
+    if packer is None:
+        packer = _PACKERS[args] = _generate_packer(args)
+    return packer
+
+
+def _generate_packer(args: tuple[tuple[int, str], ...]) -> Any:
     parts = []
     for index, code in args:
         if code == "p":

@@ -10,6 +10,8 @@
 #   tilelang mHC kernels of .device/tilelang.nojit against float64 references, TileLang absent
 #   merge    one bundle: this machine's Triton entries + the TileLang entries, verified
 #   pytest   the GPU tests of the suite (tests/gpu, marker gpu)
+#   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
+#            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -75,6 +77,11 @@ PY
     pytest)
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
+      ;;
+    fastpath)
+      [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
+      python3 bench/bench_fastpath.py --bundle $W/triton.nojit --sources $MAP --cold-budget-s 60 \
+        --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
