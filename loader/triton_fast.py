@@ -279,9 +279,10 @@ def run({', '.join(arglist + ['*', 'grid', 'warmup', '**_nj_o'])}):
         grid = grid(dict(zip(_nj_names, _nj_b))) if callable(grid) else tuple(grid)
     try:
         _nj_d = _nj_dev()
-    except RuntimeError:
+        _nj_s = _nj_stream(_nj_d)
+    except RuntimeError:  # no driver / no GPU: the Python path raises nojit's LaunchError
         return _nj_slow(*_nj_b, grid=grid, warmup=False, **_nj_o)
-    _nj_r = _nj_launch(_nj_t, _nj_b, grid, _nj_d, _nj_stream(_nj_d))
+    _nj_r = _nj_launch(_nj_t, _nj_b, grid, _nj_d, _nj_s)
     if _nj_r is None or _nj_r.__class__ is int:
         return _nj_miss(_nj_t, _nj_b, grid, False, _nj_o) if _nj_r is None else _nj_after(_nj_r, _nj_t, _nj_b, grid, _nj_d, _nj_o)
     return _nj_r
