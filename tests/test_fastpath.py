@@ -196,14 +196,12 @@ def fake_driver(tmp_path_factory):
 
 
 def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(small_build, fake_driver, tmp_path):
-    """A real bundle's exact keys, called through kernel[grid]: the C path and the Python path agree byte for byte."""
+    """A real bundle's exact keys, called through kernel[grid] in one process: each call once through the C path
+    (a C table hit) and once through the Python path; the stand-in driver sees the same launch byte for byte."""
     script = textwrap.dedent("""
-        import json, os, sys, torch
+        import os, sys
         sys.path.insert(0, "tests/gpu")
-        from nojit.aot.triton_enumerate import jit_function_of
-        from nojit.loader.bundle_file import Bundle
-        from nojit.loader.install import install, resolve_object
-        from nojit.loader.triton_key import key_from_json
+        from nojit.loader.install import install
         from triton_harness import synthesize
         import nojit.loader.torch_cuda as tc
         import nojit.loader.triton_serving as ts
@@ -211,31 +209,33 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
         tc.current_device = ts.current_device = tf.current_device = lambda: 0
         tc.current_stream = ts.current_stream = tf.current_stream = lambda d: 77
         tc.device_capability = lambda d: (9, 0)
-        b = Bundle.open(sys.argv[1])
         inst = install(sys.argv[1], mode="strict", allow_mismatch=frozenset({"arch"}))
-        inst_fast = os.environ.get("NOJIT_FAST_PATH", "1") != "0"
         SIZE = dict(p=8, l=8, L=8, d=8, i=4, u=4, f=4, h=2, H=2, e=2, b=2, c=1)
         n = 0
         for kid, server in sorted(inst.triton.items()):
-            assert (server.entry_point != server.run) == inst_fast, kid
+            assert server.entry_point != server.run, kid
             fn = server.fn
             for key, variant in sorted(server.exact.items(), key=repr):
                 kwargs, _bufs, _ = synthesize(fn, key, 7, device="cpu")
                 # the stand-in driver logs each parameter by the size the cubin declares
                 sizes = [SIZE[c] for _, c in variant.launch.args] + [8, 8]
                 os.environ["FAKE_CUDA_PARAM_SIZES"] = ",".join(map(str, sizes))
-                r = fn[(3, 2, 1)](**kwargs)
-                assert r is variant, (kid, key)
+                bound = server._binder(**kwargs)[0]
+                assert tf.fast_module().lookup(server.fast.tables[key[1]], bound)[0] >= 0, (kid, key)
+                assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the C path
+                fn.run = server.run
+                assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the Python path
+                fn.run = server.entry_point
                 n += 1
         print("launched", n)
     """)
-    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver)}
-    logs = {}
-    for fast in ("1", "0"):
-        log = tmp_path / f"log{fast}"
-        p = subprocess.run([sys.executable, "-c", script, small_build["bundle"]], capture_output=True, text=True,
-                           env={**env, "FAKE_CUDA_LOG": str(log), "NOJIT_FAST_PATH": fast}, cwd=os.path.dirname(
-                               os.path.dirname(os.path.abspath(__file__))))
-        assert p.returncode == 0, p.stderr[-3000:]
-        logs[fast] = log.read_text()
-    assert logs["1"] and logs["1"] == logs["0"]
+    log = tmp_path / "log"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver), "FAKE_CUDA_LOG": str(log)}
+    p = subprocess.run([sys.executable, "-c", script, small_build["bundle"]], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [x for x in log.read_text().splitlines() if x.startswith("grid=")]
+    n = int(p.stdout.split("launched")[1])
+    assert n >= 10 and len(lines) == 2 * n
+    for fast, python in zip(lines[::2], lines[1::2]):
+        assert fast == python
