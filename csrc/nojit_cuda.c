@@ -391,3 +391,11 @@ int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t g
   }
   return rc;
 }
+
+int nojit_launch_entry(uint64_t *address, char *err, size_t errlen) {
+  int rc = nojit_init(err, errlen);
+  if (rc)
+    return rc;
+  *address = (uint64_t)(uintptr_t)drv.cuLaunchKernelEx;
+  return 0;
+}

@@ -61,6 +61,9 @@ int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t g
                  uint64_t stream, const char *arg_types, const uint64_t *arg_values, int num_args,
                  uint32_t cluster_x, uint32_t cluster_y, uint32_t cluster_z, int pdl,
                  int cooperative, char *err, size_t errlen);
+
+/* The driver's cuLaunchKernelEx (after nojit_init), for the one-call fast path (csrc/nojit_fast.c). */
+int nojit_launch_entry(uint64_t *address, char *err, size_t errlen);
 /* cdef-end */
 
 #endif /* NOJIT_CUDA_H */

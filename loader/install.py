@@ -279,12 +279,13 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
             log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)", kid)
         try:
             server = TritonKernelServer(
-                fn, record, bundle.entries(kid), bundle, inst.policy, specializer, debug, instrumentation_mode
+                fn, record, bundle.entries(kid), bundle, inst.policy, specializer, debug, instrumentation_mode,
+                fast_path=settings.fast_path,
             )
         except NoJitError:
             raise
         except Exception as exc:  # a malformed key in an otherwise valid manifest
             raise BundleMismatchError(f"kernel {kid}: cannot serve its bundle entries ({exc})",
                                       fix="rebuild the bundle with `nojit build`") from None
-        fn.run = server.run  # instance attribute: shadows JITFunction.run for this kernel only
+        fn.run = server.entry_point  # instance attribute: shadows JITFunction.run for this kernel only
         inst.triton[kid] = server

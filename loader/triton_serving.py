@@ -46,8 +46,18 @@ def _double_bits(v: Any) -> int:
     return _unpack_u64(_pack_double(float(v)))[0]
 
 
+_PACKERS: dict[tuple[tuple[int, str], ...], Any] = {}
+
+
 def _make_packer(args: tuple[tuple[int, str], ...]) -> Any:
-    """A generated function: bound arguments -> the 64-bit slots the C launcher reads."""
+    """A generated function: bound arguments -> the 64-bit slots the C launcher reads (one per argument layout)."""
+    packer = _PACKERS.get(args)
+    if packer is None:
+        packer = _PACKERS[args] = _generate_packer(args)
+    return packer
+
+
+def _generate_packer(args: tuple[tuple[int, str], ...]) -> Any:
     parts = []
     for index, code in args:
         if code == "p":
@@ -136,6 +146,7 @@ class TritonKernelServer:
         specializer: ArgSpecializer,
         debug: bool,
         instrumentation_mode: str,
+        fast_path: bool = False,
     ) -> None:
         self.fn = fn
         self.record = record
@@ -160,6 +171,15 @@ class TritonKernelServer:
                 group = (generic_spec(key[0], self._runtime_param), key[1])
                 self._generic_groups.setdefault(group, []).append((key, variant))
         self._jit_run = type(fn).run  # the class's own run: the JIT path for permissive misses
+        # What install() puts on the JITFunction: the one-call C path for exact entries where it can
+        # be used (not while recording, which sees every hit), else run itself.
+        self.entry_point = self.run
+        if fast_path and not policy.recording:
+            from nojit.loader.triton_fast import TritonFastPath, fast_module, make_run
+
+            if fast_module() is not None:
+                self.fast = TritonFastPath(fn, specializer, self.exact)
+                self.entry_point = make_run(self, self.fast)
 
     def options_key(self, options: dict[str, Any]) -> tuple:
         """Triton's launch options for this call, as it would see them (debug, instrumentation added)."""

@@ -61,7 +61,7 @@ def kernel():
 @needs_vllm
 def test_bundled_key_goes_straight_to_the_launcher(installed):
     inst = installed(mode="strict")
-    assert C128A in inst.triton and kernel().run == inst.triton[C128A].run
+    assert C128A in inst.triton and kernel().run == inst.triton[C128A].entry_point  # the one-call C path
     with pytest.raises(LaunchError, match="libcuda.so.1|NVIDIA driver") as info:
         kernel()[(4,)](**c128a_args())
     assert "fix:" in str(info.value)

@@ -20,6 +20,8 @@
 #            kernel are launched and checked from the installed file
 #   replace  servers (one per GPU, or 4 on one) and readers use a bundle while its file is replaced twice
 #            (a copy, then a --no-generic rebuild): bit-identical to the JIT, no error (REPLACE_SECONDS, default 180)
+#   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
+#            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
 OUT=${OUT:-/tmp/nojit-out}
 W=/tmp/w
@@ -137,6 +139,11 @@ PY
       python3 tests/gpu/replace_under_load.py --bundle $W/triton.nojit --rebuilt $W/triton_exact.nojit --sources $MAP \
         --servers 4 --readers 2 --duration "${REPLACE_SECONDS:-180}" --json "$OUT/replace_under_load.json" 2>&1 \
         | tail -40 || rc=1
+      ;;
+    fastpath)
+      [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
+      python3 bench/bench_fastpath.py --bundle $W/triton.nojit --sources $MAP --cold-budget-s 60 \
+        --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

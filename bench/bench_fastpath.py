@@ -1,0 +1,317 @@
+"""The fast-path benchmark, one run on the H200, every number side by side (issue 15).
+
+    python bench/bench_fastpath.py --bundle B.nojit --sources MAP.json [--kernels 8] [--keys 2]
+                                   [--cold-keys 0] [--cold-budget-s 60] [--json OUT.json]
+
+Sections (each a table of raw numbers with ratios, all measured in this run):
+  dispatch   host us per kernel[grid](...) call, per kernel and argument shape (bundle keys): nojit's
+             one-call C path, nojit's Python path (NOJIT_FAST_PATH=0 equivalent), Triton's own warm
+             kernel[grid], and the C floor (cuLaunchKernelEx in a C loop, parameters packed once).
+  device     GPU time per launch of the exact entry vs the generic entry serving the same call.
+  ready      Bundle.open, install(), preload (every module loaded) and the RSS they add, in a fresh process.
+  cold       a fresh process launching the bundle's exact keys once each: nojit (install + first
+             launches) vs Triton with an empty cache (compiles) vs Triton with that cache pre-filled.
+             Keys in bundle order; the JIT child stops after --cold-budget-s, and the ratio is taken
+             over the keys it reached (the nojit child reports the same prefix and the whole set).
+TileLang mHC dispatch is not timed here (not done yet; see bench/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
+
+
+def per_call_us(fn, calls: int = 1000, batches: int = 9) -> float:
+    import torch
+
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(batches):
+        t0 = time.perf_counter_ns()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter_ns() - t0) / calls / 1000)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def gpu_us(launch, reps: int = 50) -> float:
+    import torch
+
+    for _ in range(5):
+        launch()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        launch()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / reps
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def exact_keys(bundle, kid: str, limit: int) -> list:
+    from nojit.loader.triton_key import key_from_json
+
+    keys = [key_from_json(e.key) for e in bundle.entries(kid) if e.variant == "exact"]
+    return keys[:limit] if limit else keys
+
+
+def kernel_ids(bundle) -> list[str]:
+    return [k for k in bundle.kernel_ids() if bundle.manifest.kernels[k].runtime == "triton"]
+
+
+# ------------------------------------------------------------------------------------------ dispatch
+def dispatch_and_device(args, smap) -> dict:
+    import torch
+    import triton
+
+    from nojit.aot.kernel_sources import resolve_kernel
+    from nojit.loader import triton_fast
+    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.install import install, jit_function_of
+    from nojit.loader.torch_cuda import current_device, current_stream
+    from triton_harness import grid_for, synthesize
+
+    bundle = Bundle.open(args.bundle)
+    kids = kernel_ids(bundle)[: args.kernels]
+    inst = install(args.bundle, mode="permissive", resolver=lambda k: resolve_kernel(k, smap),
+                   allow_mismatch=frozenset({"vllm"}), kernels=set(kids))
+    dev = current_device()
+    m = triton_fast.fast_module()
+    rows, dev_rows = [], []
+    for kid in kids:
+        server = inst.triton[kid]
+        fn = server.fn
+        grid = grid_for(fn)
+        for key in exact_keys(bundle, kid, args.keys):
+            try:
+                kwargs, _bufs, _ = synthesize(fn, key, 7)
+            except Exception as exc:  # a key the harness cannot make arguments for
+                print(f"  skip {kid}: {exc}")
+                continue
+            name = f"{kid.rsplit(':', 1)[-1]}[{len(fn.params)}p] {triton_fast_key_text(key)}"
+            variant = server.exact[key]
+            fn.run = server.entry_point
+            r = fn[grid](**kwargs)
+            torch.cuda.synchronize()
+            if r is not variant:
+                print(f"  {name}: not served by its exact entry, skipped")
+                continue
+            fast_us = per_call_us(lambda: fn[grid](**kwargs))
+            fn.run = server.run
+            py_us = per_call_us(lambda: fn[grid](**kwargs))
+            # the C floor: same table, same call, the driver call alone in a C loop
+            table = getattr(server, "fast", None) and server.fast.tables.get(key[1])
+            floor_us = float("nan")
+            if table is not None:
+                bound = server._binder(**kwargs)[0]
+                floor_us = statistics.median(m.floor(table, bound, grid, dev, current_stream(dev), 2000) / 1000
+                                             for _ in range(7))
+                torch.cuda.synchronize()
+            # Triton's own path, warm: compile this key once (not timed), then time kernel[grid]
+            fn.__dict__.pop("run", None)
+            fn[grid](**kwargs)
+            torch.cuda.synchronize()
+            triton_us = per_call_us(lambda: fn[grid](**kwargs))
+            fn.run = server.entry_point
+            rows.append(dict(kernel=name, nojit=fast_us, python_path=py_us, triton=triton_us, floor=floor_us))
+            generic = server.fallback_for(key)
+            if generic is not None:
+                bound = server._binder(**kwargs)[0]
+                g = tuple(grid)
+                dev_rows.append(dict(kernel=name, exact=gpu_us(lambda: variant(bound, g)),
+                                     generic=gpu_us(lambda: generic(bound, g))))
+    inst.uninstall()
+    print(f"\n== dispatch: host us per kernel[grid](...) call (triton {triton.__version__}, torch {torch.__version__})")
+    print(f"{'kernel / key':58s} {'nojit':>7s} {'py-path':>7s} {'triton':>7s} {'C floor':>7s} {'/floor':>7s} {'/triton':>7s}")
+    for r in rows:
+        print(f"{r['kernel'][:58]:58s} {r['nojit']:7.2f} {r['python_path']:7.2f} {r['triton']:7.2f} {r['floor']:7.2f} "
+              f"{r['nojit'] / r['floor']:7.2f} {r['nojit'] / r['triton']:7.2f}")
+    if rows:
+        worst_floor = max(r["nojit"] / r["floor"] for r in rows)
+        worst_triton = max(r["nojit"] / r["triton"] for r in rows)
+        print(f"goal dispatch <= 1.5x C floor: worst {worst_floor:.2f}x -> {'MET' if worst_floor <= 1.5 else 'NOT MET'}")
+        print(f"goal dispatch <= 0.35x Triton: worst {worst_triton:.2f}x -> {'MET' if worst_triton <= 0.35 else 'NOT MET'}")
+    print("\n== device: GPU us per launch, exact entry vs the generic entry serving the same call")
+    print(f"{'kernel / key':58s} {'exact':>8s} {'generic':>8s} {'ratio':>6s}")
+    for r in dev_rows:
+        print(f"{r['kernel'][:58]:58s} {r['exact']:8.2f} {r['generic']:8.2f} {r['generic'] / r['exact']:6.2f}")
+    return {"dispatch": rows, "device": dev_rows}
+
+
+def triton_fast_key_text(key) -> str:
+    from nojit.loader.triton_key import key_text
+
+    return key_text(key)[:40]
+
+
+# ------------------------------------------------------------------------------------------ children
+def child_ready(args) -> None:
+    """Fresh process: RSS and time of open, install, preload (imports and CUDA init done first)."""
+    import torch
+
+    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
+    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.install import install
+
+    smap = load_source_map(args.sources) if args.sources else None
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    b0 = Bundle.open(args.bundle)
+    for kid in kernel_ids(b0):  # import every kernel module first: install() is timed, not vLLM's imports
+        resolve_kernel(kid, smap)
+    del b0
+    rss0, peak0 = rss_mb(), peak_rss_mb()
+    t0 = time.perf_counter()
+    Bundle.open(args.bundle)
+    open_ms = (time.perf_counter() - t0) * 1e3
+    t0 = time.perf_counter()
+    inst = install(args.bundle, mode="strict", resolver=lambda k: resolve_kernel(k, smap),
+                   allow_mismatch=frozenset({"vllm"}), kernels=set(kernel_ids(Bundle.open(args.bundle))))
+    install_ms = (time.perf_counter() - t0) * 1e3
+    rss1 = rss_mb()
+    t0 = time.perf_counter()
+    n = inst.preload()
+    torch.cuda.synchronize()
+    preload_ms = (time.perf_counter() - t0) * 1e3
+    print(json.dumps(dict(open_ms=open_ms, install_ms=install_ms, preload_ms=preload_ms, modules=n,
+                          entries=len(inst.bundle.manifest.entries), size_mb=os.path.getsize(args.bundle) / 2**20,
+                          rss_install_mb=rss1 - rss0, rss_preload_mb=rss_mb() - rss0, peak_added_mb=peak_rss_mb() - peak0)))
+
+
+def child_cold(args) -> None:
+    """Fresh process: launch the bundle's exact keys once each; JSON lines of cumulative ms."""
+    import torch
+
+    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
+    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.install import jit_function_of
+    from triton_harness import grid_for, synthesize
+
+    smap = load_source_map(args.sources) if args.sources else None
+    bundle = Bundle.open(args.bundle)
+    work = []
+    for kid in kernel_ids(bundle):
+        fn = jit_function_of(resolve_kernel(kid, smap))
+        for key in exact_keys(bundle, kid, 0):
+            try:
+                kwargs, _b, _ = synthesize(fn, key, 7)
+            except Exception:
+                continue
+            work.append((fn, grid_for(fn), kwargs))
+    work = work[: args.cold_keys] if args.cold_keys else work
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    if args.child == "cold-nojit":
+        from nojit.loader.install import install
+
+        install(args.bundle, mode="strict", resolver=lambda k: resolve_kernel(k, smap), allow_mismatch=frozenset({"vllm"}))
+        print(json.dumps({"install_ms": (time.perf_counter() - t0) * 1e3}), flush=True)
+    budget = args.cold_budget_s
+    for i, (fn, grid, kwargs) in enumerate(work):
+        fn[grid](**kwargs)
+        if (i + 1) % 10 == 0 or i + 1 == len(work):
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1e3
+            print(json.dumps({"keys": i + 1, "ms": ms}), flush=True)
+            if args.child.startswith("cold-jit") and ms > budget * 1e3:
+                break
+
+
+def run_child(args, name: str, env: dict | None = None, timeout: float = 600) -> list[dict]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--bundle", args.bundle, "--child", name,
+           "--cold-keys", str(args.cold_keys), "--cold-budget-s", str(args.cold_budget_s)]
+    if args.sources:
+        cmd += ["--sources", args.sources]
+    p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    lines = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    if p.returncode != 0:
+        print(f"  child {name} exited {p.returncode}: {p.stderr[-1500:]}")
+    return lines
+
+
+def ms_at(lines: list[dict], keys: int) -> float:
+    return next((x["ms"] for x in lines if x.get("keys") == keys), float("nan"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--sources")
+    ap.add_argument("--kernels", type=int, default=8, help="Triton kernels timed in the dispatch table")
+    ap.add_argument("--keys", type=int, default=2, help="exact keys (argument shapes) per kernel in the dispatch table")
+    ap.add_argument("--cold-keys", type=int, default=0, help="limit the cold-start key list (0: every exact key)")
+    ap.add_argument("--cold-budget-s", type=float, default=60.0)
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: dispatch,ready,cold")
+    ap.add_argument("--json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child == "ready":
+        child_ready(args)
+        return 0
+    if args.child:
+        child_cold(args)
+        return 0
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="nojit-bench-triton-"))
+    skip = set(filter(None, args.skip.split(",")))
+    out: dict = {}
+    from nojit.aot.kernel_sources import load_source_map
+
+    smap = load_source_map(args.sources) if args.sources else None
+    if "dispatch" not in skip:
+        out.update(dispatch_and_device(args, smap))
+    if "ready" not in skip:
+        ready = run_child(args, "ready")
+        if ready:
+            r = ready[-1]
+            out["ready"] = r
+            print(f"\n== ready ({r['entries']} entries, {r['size_mb']:.1f} MB, {r['modules']} modules)")
+            print(f"Bundle.open {r['open_ms']:.1f} ms, install() {r['install_ms']:.1f} ms, preload {r['preload_ms']:.1f} ms; "
+                  f"RSS added: install {r['rss_install_mb']:.1f} MB, +preload {r['rss_preload_mb']:.1f} MB, "
+                  f"peak {r['peak_added_mb']:.1f} MB")
+            print(f"goal install() <= 20 ms: {'MET' if r['install_ms'] <= 20 else 'NOT MET'} ({r['install_ms']:.1f} ms)")
+    if "cold" not in skip:
+        cache = tempfile.mkdtemp(prefix="nojit-bench-cold-")
+        nojit = run_child(args, "cold-nojit")
+        jit = run_child(args, "cold-jit-empty", {"TRITON_CACHE_DIR": cache})
+        reached = max((x["keys"] for x in jit if "keys" in x), default=0)
+        warm = run_child(args, "cold-jit-warm", {"TRITON_CACHE_DIR": cache})
+        total = max((x["keys"] for x in nojit if "keys" in x), default=0)
+        n_ms, j_ms, w_ms = ms_at(nojit, reached), ms_at(jit, reached), ms_at(warm, reached)
+        out["cold"] = dict(keys_total=total, keys_compared=reached, nojit_ms=n_ms, jit_empty_ms=j_ms, jit_warm_ms=w_ms,
+                           nojit_all_ms=ms_at(nojit, total), nojit_install_ms=(nojit[0].get("install_ms") if nojit else None))
+        print(f"\n== cold start, fresh process, first {reached} of {total} exact keys (JIT budget {args.cold_budget_s:.0f} s)")
+        print(f"nojit {n_ms:.0f} ms (install {out['cold']['nojit_install_ms'] or float('nan'):.0f} ms; all {total} keys "
+              f"{ms_at(nojit, total):.0f} ms) | JIT empty cache {j_ms:.0f} ms ({j_ms / n_ms:.0f}x) | "
+              f"JIT pre-filled disk cache {w_ms:.0f} ms ({w_ms / n_ms:.1f}x)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,783 @@
+/*
+ * nojit fast path: one C call per Triton launch (nojit.loader._fastlaunch).
+ *
+ * A per-kernel, per-launch-options table is prepared at install from the bundle's exact
+ * entries. A call hands over the bound arguments; this code computes what Triton's key
+ * needs from them (tensor dtype and 16-byte alignment of data_ptr, int == 1, width and
+ * divisibility by 16, None, bool, float, constexpr values), finds the entry by a hash of
+ * those codes, packs the parameters and calls cuLaunchKernelEx on the given stream.
+ * Anything it does not recognise is a miss (None): the Python path (loader/triton_key.py,
+ * the one definition of the key) then decides, so a miss is never wrong, only slower.
+ *
+ * CUDA-graph safe: no allocation, no synchronisation on the launch path (stack buffers only).
+ * Built against the limited API (abi3, 3.10): cffi cannot pass Python objects, and reading
+ * tensors here is what removes the per-argument Python work.
+ *
+ * Codes (one uint32 per kernel parameter; loader/triton_fast.py computes the same codes from
+ * a bundle key, so both sides must change together):
+ *   constexpr parameter     1 + index of the value among the table's candidates
+ *   plain run-time param    tensor: 0x1000 + 4 * type id + attr; int: 0x20 + 4 * width + attr
+ *                           (width 1 i32, 2 i64, 3 u64); int == 1 specialized: 0x10;
+ *                           bool 0x40; float 0x50; None 0x60          attr: 0 None, 1 "D", 2 ""
+ *   annotated int param     0x70 + (0 None, 1 "D", 2 "", 3 int 1, 4 NoneType)
+ *   fixed (u1/fp) param     0x80
+ */
+#ifndef Py_LIMITED_API
+#define Py_LIMITED_API 0x030A0000
+#endif
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "nojit_cuda_abi.h"
+
+#define NJ_MAX_PARAMS 128
+#define NJ_MAX_DTYPES 64
+#define NJ_MAX_DEVICES 16
+
+enum { K_CONSTEXPR = 0, K_PLAIN = 1, K_ANNOT = 2, K_FIXED = 3 };
+enum { C_ONE = 0x10, C_INT = 0x20, C_BOOL = 0x40, C_FLOAT = 0x50, C_NONE = 0x60, C_ANNOT = 0x70, C_FIXED = 0x80,
+       C_TENSOR = 0x1000 };
+
+typedef NjResult (*fn_cuLaunchKernelEx)(const NjLaunchConfig *, NjFunction, void **, void **);
+
+static PyObject *g_tensor_type;  /* torch.Tensor */
+static PyObject *g_dtypes[NJ_MAX_DTYPES];
+static int g_ndtypes;
+static PyObject *g_s_dtype, *g_s_data_ptr;
+static fn_cuLaunchKernelEx g_launch;
+
+typedef struct {
+  int kind, specialize, align;
+  uint16_t dtype_code[NJ_MAX_DTYPES]; /* tensor type id per registered dtype */
+  int ncand;
+  PyObject **cand; /* constexpr candidates (strong refs) */
+} Param;
+
+typedef struct {
+  uint64_t hash;
+  uint32_t *codes;
+  PyObject *variant;
+  uint64_t function[NJ_MAX_DEVICES];
+  int nargs;
+  uint8_t *arg_index;
+  char *arg_code;
+  uint32_t grid_mult, block_x, shared, cx, cy, cz;
+  int pdl, coop;
+} Entry;
+
+typedef struct {
+  int nparams;
+  Param *params;
+  int nentries, capacity;
+  Entry *entries;
+  int nslots;
+  int *slots; /* open addressing: entry index or -1 */
+} Table;
+
+/* What classification learns about one argument. */
+typedef struct {
+  uint64_t raw; /* data_ptr, integer bits, or double bits */
+  int is_float;  /* 1: raw holds a double; 2: raw is an unsigned integer above INT64_MAX */
+} Value;
+
+static uint64_t hash_codes(const uint32_t *codes, int n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < n; i++) {
+    h ^= codes[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+static void table_free(PyObject *capsule) {
+  Table *t = (Table *)PyCapsule_GetPointer(capsule, "nojit.fast.table");
+  if (!t)
+    return;
+  for (int i = 0; i < t->nparams; i++) {
+    for (int c = 0; c < t->params[i].ncand; c++)
+      Py_XDECREF(t->params[i].cand[c]);
+    PyMem_Free(t->params[i].cand);
+  }
+  for (int e = 0; e < t->nentries; e++) {
+    Py_XDECREF(t->entries[e].variant);
+    PyMem_Free(t->entries[e].codes);
+    PyMem_Free(t->entries[e].arg_index);
+    PyMem_Free(t->entries[e].arg_code);
+  }
+  PyMem_Free(t->params);
+  PyMem_Free(t->entries);
+  PyMem_Free(t->slots);
+  PyMem_Free(t);
+}
+
+static Table *get_table(PyObject *capsule) { return (Table *)PyCapsule_GetPointer(capsule, "nojit.fast.table"); }
+
+/* configure(tensor_type, dtypes, cuLaunchKernelEx address) */
+static PyObject *fast_configure(PyObject *self, PyObject *args) {
+  PyObject *tensor_type, *dtypes;
+  unsigned long long launch_addr;
+  if (!PyArg_ParseTuple(args, "OOK", &tensor_type, &dtypes, &launch_addr))
+    return NULL;
+  Py_ssize_t n = PySequence_Size(dtypes);
+  if (n < 0 || n > NJ_MAX_DTYPES) {
+    PyErr_SetString(PyExc_ValueError, "too many dtypes");
+    return NULL;
+  }
+  Py_XINCREF(tensor_type);
+  Py_XDECREF(g_tensor_type);
+  g_tensor_type = tensor_type;
+  for (int i = 0; i < g_ndtypes; i++)
+    Py_CLEAR(g_dtypes[i]);
+  for (Py_ssize_t i = 0; i < n; i++)
+    g_dtypes[i] = PySequence_GetItem(dtypes, i);
+  g_ndtypes = (int)n;
+  g_launch = (fn_cuLaunchKernelEx)(uintptr_t)launch_addr;
+  Py_RETURN_NONE;
+}
+
+/* new_table(params): params = [(kind, specialize, align, dtype_codes: tuple[int] | None, candidates: tuple | None)] */
+static PyObject *fast_new_table(PyObject *self, PyObject *arg) {
+  Py_ssize_t n = PySequence_Size(arg);
+  if (n < 0)
+    return NULL;
+  if (n > NJ_MAX_PARAMS) {
+    PyErr_SetString(PyExc_ValueError, "too many parameters for the fast path");
+    return NULL;
+  }
+  Table *t = (Table *)PyMem_Calloc(1, sizeof(Table));
+  t->nparams = (int)n;
+  t->params = (Param *)PyMem_Calloc(n ? (size_t)n : 1, sizeof(Param));
+  PyObject *capsule = PyCapsule_New(t, "nojit.fast.table", table_free);
+  if (!capsule) {
+    PyMem_Free(t->params);
+    PyMem_Free(t);
+    return NULL;
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *item = PySequence_GetItem(arg, i);
+    PyObject *codes, *cands;
+    Param *p = &t->params[i];
+    int ok = item && PyArg_ParseTuple(item, "iiiOO", &p->kind, &p->specialize, &p->align, &codes, &cands);
+    if (ok && codes != Py_None) {
+      for (int d = 0; d < g_ndtypes && ok; d++) {
+        PyObject *c = PySequence_GetItem(codes, d);
+        ok = c != NULL;
+        if (ok)
+          p->dtype_code[d] = (uint16_t)PyLong_AsLong(c);
+        Py_XDECREF(c);
+      }
+    }
+    if (ok && cands != Py_None) {
+      Py_ssize_t nc = PySequence_Size(cands);
+      p->cand = (PyObject **)PyMem_Calloc(nc ? (size_t)nc : 1, sizeof(PyObject *));
+      for (Py_ssize_t c = 0; c < nc; c++)
+        p->cand[c] = PySequence_GetItem(cands, c);
+      p->ncand = (int)nc;
+    }
+    Py_XDECREF(item);
+    if (!ok || PyErr_Occurred()) {
+      Py_DECREF(capsule);
+      return NULL;
+    }
+  }
+  return capsule;
+}
+
+static void table_insert_slot(Table *t, int idx) {
+  int mask = t->nslots - 1;
+  int s = (int)(t->entries[idx].hash & (uint64_t)mask);
+  while (t->slots[s] >= 0)
+    s = (s + 1) & mask;
+  t->slots[s] = idx;
+}
+
+/* add_entry(table, codes, variant, arg_indices, arg_codes: bytes, grid_mult, block_x, shared, cx, cy, cz, pdl, coop) */
+static PyObject *fast_add_entry(PyObject *self, PyObject *args) {
+  PyObject *capsule, *codes, *variant, *arg_indices;
+  const char *arg_codes;
+  Py_ssize_t ncodes_len;
+  unsigned int grid_mult, block_x, shared, cx, cy, cz;
+  int pdl, coop;
+  if (!PyArg_ParseTuple(args, "OOOOs#IIIIIIii", &capsule, &codes, &variant, &arg_indices, &arg_codes, &ncodes_len,
+                        &grid_mult, &block_x, &shared, &cx, &cy, &cz, &pdl, &coop))
+    return NULL;
+  Table *t = get_table(capsule);
+  if (!t)
+    return NULL;
+  if (PySequence_Size(codes) != t->nparams || PySequence_Size(arg_indices) != ncodes_len ||
+      ncodes_len + 2 > NJ_MAX_PARAMS) {
+    PyErr_SetString(PyExc_ValueError, "add_entry: codes or arguments do not match the table");
+    return NULL;
+  }
+  if (t->nentries == t->capacity) {
+    int cap = t->capacity ? 2 * t->capacity : 8;
+    Entry *grown = (Entry *)PyMem_Realloc(t->entries, (size_t)cap * sizeof(Entry));
+    if (!grown)
+      return PyErr_NoMemory();
+    t->entries = grown;
+    t->capacity = cap;
+  }
+  Entry *e = &t->entries[t->nentries];
+  memset(e, 0, sizeof(Entry));
+  e->codes = (uint32_t *)PyMem_Calloc(t->nparams ? (size_t)t->nparams : 1, sizeof(uint32_t));
+  for (int i = 0; i < t->nparams; i++) {
+    PyObject *c = PySequence_GetItem(codes, i);
+    e->codes[i] = (uint32_t)PyLong_AsUnsignedLong(c);
+    Py_XDECREF(c);
+  }
+  e->nargs = (int)ncodes_len;
+  e->arg_index = (uint8_t *)PyMem_Calloc((size_t)ncodes_len + 1, 1);
+  e->arg_code = (char *)PyMem_Calloc((size_t)ncodes_len + 1, 1);
+  memcpy(e->arg_code, arg_codes, (size_t)ncodes_len);
+  for (Py_ssize_t i = 0; i < ncodes_len; i++) {
+    PyObject *c = PySequence_GetItem(arg_indices, i);
+    long v = PyLong_AsLong(c);
+    Py_XDECREF(c);
+    if (v < 0 || v >= t->nparams) {
+      PyErr_SetString(PyExc_ValueError, "add_entry: argument index out of range");
+    }
+    e->arg_index[i] = (uint8_t)v;
+  }
+  if (PyErr_Occurred()) {
+    PyMem_Free(e->codes);
+    PyMem_Free(e->arg_index);
+    PyMem_Free(e->arg_code);
+    return NULL;
+  }
+  e->hash = hash_codes(e->codes, t->nparams);
+  Py_INCREF(variant);
+  e->variant = variant;
+  e->grid_mult = grid_mult;
+  e->block_x = block_x;
+  e->shared = shared;
+  e->cx = cx;
+  e->cy = cy;
+  e->cz = cz;
+  e->pdl = pdl;
+  e->coop = coop;
+  int idx = t->nentries++;
+  if (2 * t->nentries > t->nslots) {
+    int ns = t->nslots ? 2 * t->nslots : 16;
+    while (2 * t->nentries > ns)
+      ns *= 2;
+    PyMem_Free(t->slots);
+    t->slots = (int *)PyMem_Malloc((size_t)ns * sizeof(int));
+    t->nslots = ns;
+    for (int s = 0; s < ns; s++)
+      t->slots[s] = -1;
+    for (int i = 0; i < t->nentries; i++)
+      table_insert_slot(t, i);
+  } else {
+    table_insert_slot(t, idx);
+  }
+  return PyLong_FromLong(idx);
+}
+
+/* set_function(table, entry, device, CUfunction) */
+static PyObject *fast_set_function(PyObject *self, PyObject *args) {
+  PyObject *capsule;
+  int idx, device;
+  unsigned long long function;
+  if (!PyArg_ParseTuple(args, "OiiK", &capsule, &idx, &device, &function))
+    return NULL;
+  Table *t = get_table(capsule);
+  if (!t)
+    return NULL;
+  if (idx < 0 || idx >= t->nentries || device < 0 || device >= NJ_MAX_DEVICES) {
+    PyErr_SetString(PyExc_ValueError, "set_function: entry or device out of range");
+    return NULL;
+  }
+  t->entries[idx].function[device] = function;
+  Py_RETURN_NONE;
+}
+
+/* Code of an int value for a plain parameter; -1: not representable (a miss). */
+static int int_code(const Param *p, PyObject *v, Value *out) {
+  int overflow = 0;
+  long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+  int width;
+  if (overflow == 0) {
+    if (x == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return -1;
+    }
+    out->raw = (uint64_t)x;
+    if (p->specialize && x == 1)
+      return C_ONE;
+    width = (x >= INT32_MIN && x <= INT32_MAX) ? 1 : 2;
+  } else if (overflow > 0) {
+    unsigned long long u = PyLong_AsUnsignedLongLong(v);
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return -1;
+    }
+    out->raw = (uint64_t)u;
+    out->is_float = 2;
+    width = 3;
+  } else {
+    return -1;
+  }
+  int attr = !p->specialize ? 0 : (p->align && !(out->raw & 15)) ? 1 : 2;
+  return C_INT + 4 * width + attr;
+}
+
+static int tensor_code(const Param *p, PyObject *v, Value *out) {
+  PyObject *dtype = PyObject_GetAttr(v, g_s_dtype);
+  if (!dtype) {
+    PyErr_Clear();
+    return -1;
+  }
+  int d = 0;
+  while (d < g_ndtypes && g_dtypes[d] != dtype)
+    d++;
+  Py_DECREF(dtype); /* the registered dtypes keep it alive; only identity was needed */
+  if (d == g_ndtypes)
+    return -1;
+  PyObject *ptr = PyObject_CallMethodObjArgs(v, g_s_data_ptr, NULL);
+  if (!ptr) {
+    PyErr_Clear();
+    return -1;
+  }
+  unsigned long long u = PyLong_AsUnsignedLongLong(ptr);
+  Py_DECREF(ptr);
+  if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return -1;
+  }
+  out->raw = (uint64_t)u;
+  int attr = !p->specialize ? 0 : (p->align && !(u & 15)) ? 1 : 2;
+  return C_TENSOR + 4 * p->dtype_code[d] + attr;
+}
+
+/* The plain code of run-time value v (see the header comment); -1 for a miss. */
+static int plain_code(const Param *p, PyObject *v, Value *out) {
+  out->is_float = 0;
+  out->raw = 0;
+  if (v == Py_None)
+    return C_NONE;
+  if (v == Py_True || v == Py_False) {
+    out->raw = v == Py_True;
+    return C_BOOL;
+  }
+  PyTypeObject *tp = Py_TYPE(v);
+  if (tp == &PyLong_Type)
+    return int_code(p, v, out);
+  if (tp == &PyFloat_Type) {
+    double d = PyFloat_AsDouble(v);
+    memcpy(&out->raw, &d, 8);
+    out->is_float = 1;
+    return C_FLOAT;
+  }
+  if (g_tensor_type && ((PyObject *)tp == g_tensor_type || PyType_IsSubtype(tp, (PyTypeObject *)g_tensor_type)))
+    return tensor_code(p, v, out);
+  return -1;
+}
+
+static int annotated_code(int plain) {
+  if (plain == C_ONE)
+    return C_ANNOT + 3;
+  if (plain == C_NONE)
+    return C_ANNOT + 4;
+  if (plain == C_BOOL || plain == C_FLOAT)
+    return C_ANNOT + 0;
+  return C_ANNOT + (plain & 3); /* ints and tensors: their attr */
+}
+
+/* Codes of every parameter and the run-time values; returns 0, or -1 for a miss. */
+static int classify(const Table *t, PyObject *bound, uint32_t *codes, Value *values) {
+  if (!PyTuple_Check(bound) || PyTuple_Size(bound) != t->nparams)
+    return -1;
+  for (int i = 0; i < t->nparams; i++) {
+    const Param *p = &t->params[i];
+    PyObject *v = PyTuple_GetItem(bound, i);
+    if (p->kind == K_CONSTEXPR) {
+      int c = 0;
+      for (; c < p->ncand; c++) {
+        PyObject *k = p->cand[c];
+        if (k == v)
+          break;
+        if (Py_TYPE(k) == Py_TYPE(v)) {
+          int eq = PyObject_RichCompareBool(v, k, Py_EQ);
+          if (eq < 0) {
+            PyErr_Clear();
+            return -1;
+          }
+          if (eq)
+            break;
+        }
+      }
+      if (c == p->ncand)
+        return -1;
+      codes[i] = 1 + (uint32_t)c;
+      values[i].raw = 0;
+      values[i].is_float = 0;
+      continue;
+    }
+    int code = plain_code(p, v, &values[i]);
+    if (code < 0)
+      return -1;
+    if (p->kind == K_ANNOT)
+      code = annotated_code(code);
+    else if (p->kind == K_FIXED)
+      code = C_FIXED;
+    codes[i] = (uint32_t)code;
+  }
+  return 0;
+}
+
+static int find_entry(const Table *t, const uint32_t *codes) {
+  if (!t->nslots)
+    return -1;
+  uint64_t h = hash_codes(codes, t->nparams);
+  int mask = t->nslots - 1;
+  for (int s = (int)(h & (uint64_t)mask);; s = (s + 1) & mask) {
+    int idx = t->slots[s];
+    if (idx < 0)
+      return -1;
+    const Entry *e = &t->entries[idx];
+    if (e->hash == h && memcmp(e->codes, codes, (size_t)t->nparams * sizeof(uint32_t)) == 0)
+      return idx;
+  }
+}
+
+/* Half-precision conversions, round to nearest even (the same rule as nojit_cuda.c). */
+static uint16_t to_bf16(double d) {
+  float f = (float)d;
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+static uint16_t to_fp16(double d) {
+  float f = (float)d;
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0xff)
+    return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+  if (exp >= 31)
+    return (uint16_t)(sign | 0x7c00u);
+  if (exp <= 0) {
+    if (exp < -10)
+      return (uint16_t)sign;
+    mant |= 0x800000u;
+    uint32_t shift = (uint32_t)(14 - exp);
+    uint32_t half = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1)))
+      half++;
+    return (uint16_t)(sign | half);
+  }
+  uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1)))
+    half++;
+  return (uint16_t)half;
+}
+
+/* Python's int(d) & (2**64 - 1) for a finite double (the Python packer's rule for a float in an int slot). */
+static uint64_t float_to_int_bits(double d) {
+  double a = fabs(d);
+  if (a < 9223372036854775808.0)
+    return (uint64_t)(int64_t)d;
+  int e;
+  double m = frexp(a, &e); /* a = m * 2^e, m in [0.5, 1): a is an integer, m * 2^53 exactly */
+  int shift = e - 53;
+  uint64_t r = shift >= 64 ? 0 : ((uint64_t)ldexp(m, 53)) << shift;
+  return d < 0 ? ~r + 1 : r;
+}
+
+/* One parameter's bytes into an 8-byte slot, by the cubin's type code; -1 where Python's packer
+ * would raise (a non-finite float in an integer slot): the Python path then reports it. */
+static int pack_one(char code, const Value *v, uint64_t *slot) {
+  double d;
+  uint64_t i;
+  if (v->is_float == 1) {
+    memcpy(&d, &v->raw, 8);
+    int int_slot = code != 'f' && code != 'd' && code != 'e' && code != 'b';
+    if (int_slot && !isfinite(d))
+      return -1;
+    i = int_slot ? float_to_int_bits(d) : 0;
+  } else {
+    d = v->is_float == 2 ? (double)v->raw : (double)(int64_t)v->raw;
+    i = v->raw;
+  }
+  *slot = 0;
+  switch (code) {
+  case 'i':
+  case 'u': {
+    uint32_t x = (uint32_t)i;
+    memcpy(slot, &x, 4);
+    break;
+  }
+  case 'h':
+  case 'H': {
+    uint16_t x = (uint16_t)i;
+    memcpy(slot, &x, 2);
+    break;
+  }
+  case 'c': {
+    uint8_t x = (uint8_t)i;
+    memcpy(slot, &x, 1);
+    break;
+  }
+  case 'f': {
+    float f = (float)d;
+    memcpy(slot, &f, 4);
+    break;
+  }
+  case 'd':
+    memcpy(slot, &d, 8);
+    break;
+  case 'e': {
+    uint16_t x = to_fp16(d);
+    memcpy(slot, &x, 2);
+    break;
+  }
+  case 'b': {
+    uint16_t x = to_bf16(d);
+    memcpy(slot, &x, 2);
+    break;
+  }
+  default: /* 'p', 'l', 'L' */
+    *slot = i;
+  }
+  return 0;
+}
+
+static int parse_grid(PyObject *grid, uint32_t g[3]) {
+  g[0] = g[1] = g[2] = 1;
+  if (!PyTuple_Check(grid))
+    return -1;
+  Py_ssize_t n = PyTuple_Size(grid);
+  if (n < 1 || n > 3)
+    return -1;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *x = PyTuple_GetItem(grid, i);
+    if (Py_TYPE(x) != &PyLong_Type)
+      return -1;
+    long v = PyLong_AsLong(x);
+    if (v < 0 || v > 0xFFFFFFFFL) {
+      PyErr_Clear();
+      return -1;
+    }
+    g[i] = (uint32_t)v;
+  }
+  return 0;
+}
+
+/* Packed parameters and launch configuration of entry e for one call; -1 where C declines to pack. */
+static int prepare(const Entry *e, const Value *values, const uint32_t g[3], unsigned long long stream, uint64_t *slots,
+                   void **params, NjLaunchAttribute *attrs, NjLaunchConfig *cfg) {
+  int n = e->nargs;
+  for (int a = 0; a < n; a++) {
+    if (pack_one(e->arg_code[a], &values[e->arg_index[a]], &slots[a]))
+      return -1;
+    params[a] = &slots[a];
+  }
+  slots[n] = slots[n + 1] = 0; /* Triton's global and profile scratch pointers: unused by these entries */
+  params[n] = &slots[n];
+  params[n + 1] = &slots[n + 1];
+  unsigned na = 0;
+  memset(attrs, 0, 4 * sizeof(NjLaunchAttribute));
+  if (e->cx * e->cy * e->cz > 1) {
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[na].value.clusterDim.x = e->cx;
+    attrs[na].value.clusterDim.y = e->cy;
+    attrs[na].value.clusterDim.z = e->cz;
+    na++;
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
+    attrs[na].value.clusterSchedulingPolicyPreference = NJ_CLUSTER_SCHEDULING_POLICY_SPREAD;
+    na++;
+  }
+  if (e->pdl) {
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[na].value.programmaticStreamSerializationAllowed = 1;
+    na++;
+  }
+  if (e->coop) {
+    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[na].value.cooperative = 1;
+    na++;
+  }
+  memset(cfg, 0, sizeof(*cfg));
+  cfg->gridDimX = g[0] * e->grid_mult;
+  cfg->gridDimY = g[1];
+  cfg->gridDimZ = g[2];
+  cfg->blockDimX = e->block_x;
+  cfg->blockDimY = 1;
+  cfg->blockDimZ = 1;
+  cfg->sharedMemBytes = e->shared;
+  cfg->hStream = (NjStream)(uintptr_t)stream;
+  cfg->attrs = na ? attrs : NULL;
+  cfg->numAttrs = na;
+  return 0;
+}
+
+/*
+ * launch(table, bound, grid, device, stream) ->
+ *   the entry's variant object: launched (or the grid was empty);
+ *   None: a miss (not recognised here: take the Python path);
+ *   int >= 0: entry that needs its module loaded on `device` (set_function, then call again);
+ *   int < 0: the driver refused the launch (-CUresult).
+ */
+static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "launch(table, bound, grid, device, stream)");
+    return NULL;
+  }
+  Table *t = get_table(args[0]);
+  if (!t)
+    return NULL;
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+  uint32_t g[3];
+  if (parse_grid(args[2], g) || classify(t, args[1], codes, values))
+    Py_RETURN_NONE;
+  int idx = find_entry(t, codes);
+  if (idx < 0)
+    Py_RETURN_NONE;
+  Entry *e = &t->entries[idx];
+  long device = PyLong_AsLong(args[3]);
+  unsigned long long stream = PyLong_AsUnsignedLongLong(args[4]);
+  if (PyErr_Occurred())
+    return NULL;
+  if (device < 0 || device >= NJ_MAX_DEVICES)
+    Py_RETURN_NONE;
+  uint64_t function = e->function[device];
+  if (!function || !g_launch)
+    return PyLong_FromLong(idx);
+  if (g[0] && g[1] && g[2]) {
+    uint64_t slots[NJ_MAX_PARAMS];
+    void *params[NJ_MAX_PARAMS];
+    NjLaunchAttribute attrs[4];
+    NjLaunchConfig cfg;
+    if (prepare(e, values, g, stream, slots, params, attrs, &cfg))
+      Py_RETURN_NONE;
+    NjResult r = g_launch(&cfg, (NjFunction)(uintptr_t)function, params, NULL);
+    if (r)
+      return PyLong_FromLong(-(long)r);
+  }
+  Py_INCREF(e->variant);
+  return e->variant;
+}
+
+/* lookup(table, bound) -> (entry index or -1, codes tuple or None): for tests and diagnostics. */
+static PyObject *fast_lookup(PyObject *self, PyObject *args) {
+  PyObject *capsule, *bound;
+  if (!PyArg_ParseTuple(args, "OO", &capsule, &bound))
+    return NULL;
+  Table *t = get_table(capsule);
+  if (!t)
+    return NULL;
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+  if (classify(t, bound, codes, values))
+    return Py_BuildValue("(iO)", -1, Py_None);
+  PyObject *out = PyTuple_New(t->nparams);
+  for (int i = 0; i < t->nparams; i++)
+    PyTuple_SetItem(out, i, PyLong_FromUnsignedLong(codes[i]));
+  PyObject *res = Py_BuildValue("(iN)", find_entry(t, codes), out);
+  return res;
+}
+
+/* pack(table, entry, bound) -> bytes: the parameter slots (8 bytes each) the launch would hand the driver. */
+static PyObject *fast_pack(PyObject *self, PyObject *args) {
+  PyObject *capsule, *bound;
+  int idx;
+  if (!PyArg_ParseTuple(args, "OiO", &capsule, &idx, &bound))
+    return NULL;
+  Table *t = get_table(capsule);
+  if (!t)
+    return NULL;
+  if (idx < 0 || idx >= t->nentries) {
+    PyErr_SetString(PyExc_ValueError, "pack: no such entry");
+    return NULL;
+  }
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+  if (classify(t, bound, codes, values))
+    Py_RETURN_NONE;
+  Entry *e = &t->entries[idx];
+  uint64_t slots[NJ_MAX_PARAMS];
+  for (int a = 0; a < e->nargs; a++)
+    if (pack_one(e->arg_code[a], &values[e->arg_index[a]], &slots[a]))
+      Py_RETURN_NONE;
+  return PyBytes_FromStringAndSize((const char *)slots, (Py_ssize_t)e->nargs * 8);
+}
+
+
+/* floor(table, bound, grid, device, stream, iterations) -> ns per cuLaunchKernelEx, called in a C loop with the
+ * parameters packed once: the driver's own cost, the floor any launcher adds to (bench/bench_fastpath.py). */
+static PyObject *fast_floor(PyObject *self, PyObject *args) {
+  PyObject *capsule, *bound, *grid;
+  int device, iterations;
+  unsigned long long stream;
+  if (!PyArg_ParseTuple(args, "OOOiKi", &capsule, &bound, &grid, &device, &stream, &iterations))
+    return NULL;
+  Table *t = get_table(capsule);
+  if (!t)
+    return NULL;
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+  uint32_t g[3];
+  int idx;
+  if (parse_grid(grid, g) || classify(t, bound, codes, values) || (idx = find_entry(t, codes)) < 0 || device < 0 ||
+      device >= NJ_MAX_DEVICES || !t->entries[idx].function[device] || !g_launch) {
+    PyErr_SetString(PyExc_ValueError, "floor: the call is not a loaded exact entry of this table");
+    return NULL;
+  }
+  const Entry *e = &t->entries[idx];
+  uint64_t slots[NJ_MAX_PARAMS];
+  void *params[NJ_MAX_PARAMS];
+  NjLaunchAttribute attrs[4];
+  NjLaunchConfig cfg;
+  if (prepare(e, values, g, stream, slots, params, attrs, &cfg)) {
+    PyErr_SetString(PyExc_ValueError, "floor: arguments cannot be packed");
+    return NULL;
+  }
+  NjFunction f = (NjFunction)(uintptr_t)e->function[device];
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (int i = 0; i < iterations; i++) {
+    NjResult r = g_launch(&cfg, f, params, NULL);
+    if (r) {
+      PyErr_Format(PyExc_RuntimeError, "cuLaunchKernelEx failed (CUresult %d)", (int)r);
+      return NULL;
+    }
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+  return PyFloat_FromDouble(iterations > 0 ? ns / iterations : 0.0);
+}
+
+static PyMethodDef methods[] = {
+    {"configure", fast_configure, METH_VARARGS, "configure(tensor_type, dtypes, cuLaunchKernelEx address)"},
+    {"new_table", fast_new_table, METH_O, "new_table(params) -> table"},
+    {"add_entry", fast_add_entry, METH_VARARGS, "add_entry(table, codes, variant, ...) -> index"},
+    {"set_function", fast_set_function, METH_VARARGS, "set_function(table, entry, device, function)"},
+    {"launch", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL, "launch(table, bound, grid, device, stream)"},
+    {"lookup", fast_lookup, METH_VARARGS, "lookup(table, bound) -> (entry index or -1, codes)"},
+    {"pack", fast_pack, METH_VARARGS, "pack(table, entry, bound) -> bytes"},
+    {"floor", fast_floor, METH_VARARGS, "floor(table, bound, grid, device, stream, iterations) -> ns per launch"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastlaunch", "nojit's one-call Triton launch path", -1,
+                                    methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fastlaunch(void) {
+  g_s_dtype = PyUnicode_InternFromString("dtype");
+  g_s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  return PyModule_Create(&module);
+}

@@ -1,0 +1,241 @@
+"""The one-call C path (csrc/nojit_fast.c, loader/triton_fast.py) against the Python path and Triton.
+
+For drawn calls (ints around every class boundary, aligned and misaligned tensors of many
+dtypes, None, bools, floats, constexprs, launch options): the C table finds an entry exactly
+when the call's key (nojit's Python key, itself checked against Triton's binder) is that
+entry's key, and the bytes it packs equal the bytes computed here independently with struct.
+End to end, on the stand-in driver, a real bundle served through the fast path hands the
+driver the same launches as the Python path.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from test_triton_key_parity import DTYPES, INTS, call_args, ours, specializer, tensor, theirs
+from nojit.loader.triton_fast import TritonFastPath, fast_module
+from nojit.loader.triton_key import make_binder
+
+pytestmark = pytest.mark.skipif(fast_module() is None, reason="the C fast path is not built")
+
+_CODE = {"i32": "i", "i64": "l", "u64": "L", "u1": "c", "fp32": "f", "fp16": "e", "bf16": "b", "fp64": "d"}
+
+
+def variant_for(key) -> SimpleNamespace:
+    """A stand-in variant with the launch arguments Triton's cubin for `key` would take."""
+    args = []
+    for i, (ty, attr) in enumerate(key[0]):
+        if ty != "constexpr":
+            args.append((i, "p" if ty.startswith("*") else _CODE[ty]))
+    launch = SimpleNamespace(args=tuple(args), num_ctas=1, num_warps=4, shared=0, launch_pdl=False,
+                             launch_cooperative_grid=False)
+    return SimpleNamespace(launch=launch, _scratch=False, _cluster=(1, 1, 1))
+
+
+def bound_of(fn, kwargs, options):
+    return make_binder(fn, specializer)(**kwargs, **options)[0]
+
+
+def expected_bytes(launch, bound) -> bytes:
+    """The 8-byte parameter slots, by struct: independent of both the C and the Python packer."""
+    out = b""
+    for i, code in launch.args:
+        v = bound[i]
+        if code == "p":
+            b = struct.pack("<Q", v.data_ptr())
+        elif code in "fedb":
+            f = float(v)
+            if code == "f":
+                b = np.float32(f).tobytes()  # IEEE rounding, overflow to inf, like the C cast
+            elif code == "d":
+                b = struct.pack("<d", f)
+            elif code == "e":
+                b = np.float16(f).tobytes()
+            else:
+                b = torch.tensor([f], dtype=torch.bfloat16).view(torch.int16).numpy().tobytes()
+        else:
+            n = {"i": 4, "l": 8, "L": 8, "c": 1}[code]
+            b = (int(v) & ((1 << (8 * n)) - 1)).to_bytes(n, "little")
+        out += b.ljust(8, b"\0")
+    return out
+
+
+def check_pair(fn, first, second):
+    """An entry for the first call's key; both calls looked up in C."""
+    m = fast_module()
+    try:
+        key1 = theirs(fn, *first)
+    except (OverflowError, TypeError):
+        return "refused"
+    assert ours(fn, *first) == key1
+    fast = TritonFastPath(fn, specializer, {key1: variant_for(key1)})
+    table = fast.tables.get(key1[1])
+    if table is None:  # the key holds something C does not compare (NaN, ...): always the Python path
+        assert fast.codes(key1[0]) is None
+        return "python-only"
+    idx, _codes = m.lookup(table, bound_of(fn, *first))
+    bound = bound_of(fn, *first)
+    if idx == 0:
+        packed = m.pack(table, 0, bound)
+        if packed is None:  # C declines where Python's int() raises (a non-finite float in an int slot)
+            with pytest.raises((ValueError, OverflowError)):
+                expected_bytes(variant_for(key1).launch, bound)
+        else:
+            assert packed == expected_bytes(variant_for(key1).launch, bound)
+    try:
+        key2 = theirs(fn, *second)
+    except (OverflowError, TypeError):
+        key2 = None
+    if first[1] == second[1]:  # same options: the same table decides
+        idx2, _ = m.lookup(table, bound_of(fn, *second)) if key2 is not None else (-1, None)
+        if idx2 == 0:
+            assert key2 == key1, f"C matched a different key:\n{key2}\n{key1}"
+    return "hit" if idx == 0 else "miss"
+
+
+OUTCOMES: dict[str, int] = {}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_c_key_and_bytes_match_python_every_kind(data):
+    from triton_test_kernels import every_kind
+
+    first = data.draw(call_args(every_kind))
+    # the second call often differs from the first in one argument only
+    second = data.draw(st.sampled_from(["same", "other"]))
+    if second == "same":
+        kwargs, options = first
+        name = data.draw(st.sampled_from(sorted(kwargs)))
+        alt = data.draw(call_args(every_kind))[0][name]
+        second = ({**kwargs, name: alt}, options)
+    else:
+        second = data.draw(call_args(every_kind))
+    outcome = check_pair(every_kind, first, second)
+    OUTCOMES[outcome] = OUTCOMES.get(outcome, 0) + 1
+
+
+def test_the_drawn_calls_mostly_hit():
+    """The property above must not pass by never matching: most drawn keys are served by C."""
+    if not OUTCOMES:
+        pytest.skip("run together with the property test")
+    assert OUTCOMES.get("hit", 0) > 5 * OUTCOMES.get("miss", 0), OUTCOMES
+
+
+def test_boundary_values_hit_and_pack_exactly():
+    from triton_test_kernels import every_kind
+
+    m = fast_module()
+    base = dict(p=tensor(torch.float32, True), p_noalign=tensor(torch.float32, False), q=tensor(torch.bfloat16, False),
+                n=16, n_dns=1, n_noalign=32, n64=1, scale=1.0, flag=True, x=2.5, maybe_ptr=None, BLOCK=64)
+    cases = [("n", v) for v in [0, 1, 16, -16, 17, -17, 2**31, -(2**31) - 1, 2**63, 2**64 - 16]]
+    cases += [("n_dns", v) for v in [0, 1, 16]] + [("n_noalign", v) for v in [1, 16, 17]]
+    cases += [("n64", v) for v in [1, 16, 17, -1]] + [("x", v) for v in [2.5, 1, 16, True, 2**63]]
+    cases += [("maybe_ptr", v) for v in [None, tensor(torch.float32, True), tensor(torch.int32, False)]]
+    cases += [("p", tensor(d, a)) for d in DTYPES for a in (True, False)] + [("BLOCK", v) for v in (1, 16, True)]
+    keys = {}
+    for field, v in cases:
+        kw = {**base, field: v}
+        keys[theirs(every_kind, kw, {})] = kw
+    exact = {k: variant_for(k) for k in keys}
+    fast = TritonFastPath(every_kind, specializer, exact)
+    seen = set()
+    for key, kw in keys.items():
+        table = fast.tables[key[1]]
+        idx, _ = m.lookup(table, bound_of(every_kind, kw, {}))
+        assert idx >= 0, f"no C hit for {key}"
+        variant = fast.variants[id(table)][idx]
+        assert variant is exact[key], f"C chose another entry for {key}"
+        bound = bound_of(every_kind, kw, {})
+        assert m.pack(table, idx, bound) == expected_bytes(variant.launch, bound), key
+        seen.add(idx)
+    assert len(seen) == len(keys)
+
+
+def test_unknown_arguments_are_misses_not_errors():
+    from triton_test_kernels import every_kind
+
+    m = fast_module()
+    base = dict(p=tensor(torch.float32, True), p_noalign=tensor(torch.float32, False), q=tensor(torch.bfloat16, False),
+                n=16, n_dns=1, n_noalign=32, n64=1, scale=1.0, flag=True, x=2.5, maybe_ptr=None, BLOCK=64)
+    key = theirs(every_kind, base, {})
+    fast = TritonFastPath(every_kind, specializer, {key: variant_for(key)})
+    table = fast.tables[key[1]]
+    for field, v in [("n", 2**64), ("n", -(2**63) - 1), ("n", "text"), ("n", (1, 2)), ("BLOCK", 64.0), ("BLOCK", 65),
+                     ("p", object()), ("n", 17)]:
+        bound = list(bound_of(every_kind, base, {}))  # Python's binder would refuse some values: set them directly
+        bound[[p.name for p in every_kind.params].index(field)] = v
+        bound = tuple(bound)
+        assert m.lookup(table, bound)[0] == -1, (field, v)
+    assert m.lookup(table, (1, 2))[0] == -1  # wrong arity
+
+
+@pytest.fixture(scope="module")
+def fake_driver(tmp_path_factory):
+    """The stand-in libcuda.so.1 of the launcher tests (tests/csrc/fake_libcuda.c)."""
+    import shutil
+
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler to build the stand-in driver")
+    here = os.path.dirname(os.path.abspath(__file__))
+    d = tmp_path_factory.mktemp("fakecuda")
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(os.path.dirname(here), "csrc"),
+                    os.path.join(here, "csrc", "fake_libcuda.c"), "-o", str(d / "libcuda.so.1")], check=True)
+    return d
+
+
+def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(small_build, fake_driver, tmp_path):
+    """A real bundle's exact keys, called through kernel[grid] in one process: each call once through the C path
+    (a C table hit) and once through the Python path; the stand-in driver sees the same launch byte for byte."""
+    script = textwrap.dedent("""
+        import os, sys
+        sys.path.insert(0, "tests/gpu")
+        from nojit.loader.install import install
+        from triton_harness import synthesize
+        import nojit.loader.torch_cuda as tc
+        import nojit.loader.triton_serving as ts
+        import nojit.loader.triton_fast as tf
+        tc.current_device = ts.current_device = tf.current_device = lambda: 0
+        tc.current_stream = ts.current_stream = tf.current_stream = lambda d: 77
+        tc.device_capability = lambda d: (9, 0)
+        inst = install(sys.argv[1], mode="strict", allow_mismatch=frozenset({"arch"}))
+        SIZE = dict(p=8, l=8, L=8, d=8, i=4, u=4, f=4, h=2, H=2, e=2, b=2, c=1)
+        n = 0
+        for kid, server in sorted(inst.triton.items()):
+            assert server.entry_point != server.run, kid
+            fn = server.fn
+            for key, variant in sorted(server.exact.items(), key=repr):
+                kwargs, _bufs, _ = synthesize(fn, key, 7, device="cpu")
+                # the stand-in driver logs each parameter by the size the cubin declares
+                sizes = [SIZE[c] for _, c in variant.launch.args] + [8, 8]
+                os.environ["FAKE_CUDA_PARAM_SIZES"] = ",".join(map(str, sizes))
+                bound = server._binder(**kwargs)[0]
+                assert tf.fast_module().lookup(server.fast.tables[key[1]], bound)[0] >= 0, (kid, key)
+                assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the C path
+                fn.run = server.run
+                assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the Python path
+                fn.run = server.entry_point
+                n += 1
+        print("launched", n)
+    """)
+    log = tmp_path / "log"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_driver), "FAKE_CUDA_LOG": str(log)}
+    p = subprocess.run([sys.executable, "-c", script, small_build["bundle"]], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [x for x in log.read_text().splitlines() if x.startswith("grid=")]
+    n = int(p.stdout.split("launched")[1])
+    assert n >= 10 and len(lines) == 2 * n
+    for fast, python in zip(lines[::2], lines[1::2]):
+        assert fast == python
