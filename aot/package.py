@@ -21,7 +21,7 @@ import tempfile
 import zipfile
 
 from nojit.loader.bundle_file import Bundle
-from nojit.loader.errors import BuildError
+from nojit.aot.errors import BuildError
 from nojit.loader.installed_bundles import BUNDLE_INFO, ENTRY_POINT_GROUP, file_sha256
 
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip timestamp: no build time leaks into the wheel

@@ -42,12 +42,14 @@ def test_installed_names_live_under_the_nojit_namespace(tmp_path):
 # Layers of aot/, lowest first: a module may import its own layer's modules (no cycle) and lower layers only.
 # runtimes/<r>/ and models/<m>/ are rooms: one never imports another room of its kind.
 AOT_LAYERS = (
-    ("machinery", ("data", "errors", "progress", "target", "vllm_env", "deployment", "bundle_writer", "plan", "faces", "pool")),
+    ("machinery", ("data", "errors", "progress", "target", "vllm_env", "deployment", "bundle_writer", "plan", "faces", "pool",
+                   "reproducible", "ray_pool")),
     ("runtime rooms", ("runtimes.*",)),
     ("runtime registry", ("runtimes",)),
     ("model rooms", ("models.*",)),
     ("model registry", ("models",)),
-    ("orchestration", ("build", "coverage", "report")),
+    ("orchestration", ("build", "coverage", "observed_coverage", "report", "package")),
+    ("several deployments", ("multi_build",)),
     ("command", ("cli",)),
 )
 
