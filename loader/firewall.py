@@ -283,6 +283,8 @@ def _toolchain_of(source: Any) -> tuple[dict, str]:
     recorded = getattr(producer, "toolchain", None)
     if recorded:
         return recorded, "bundle"
+    if source is not None:  # a bundle without a record: strict mode starts no process to find versions
+        return {}, "none"
     found = toolchain_mod.probe()
     return found, "installed tools" if found else "none"
 

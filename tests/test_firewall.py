@@ -240,8 +240,10 @@ def test_exec_trace_shows_no_real_compiler(strict, caller, tmp_path):
     assert all(os.path.realpath(p) == stand_in for p in compilers), compilers
 
 
-def test_bundle_without_toolchain_answers_with_the_installed_tools(tmp_path, monkeypatch):
-    """No record in the manifest: the stand-ins replay what the real tools printed before the firewall went up."""
+def test_bundle_without_toolchain_starts_no_process_and_refuses_probes(tmp_path, monkeypatch):
+    """No record in the manifest: strict startup runs no tool to learn versions (the GPU check counts processes);
+    the stand-ins refuse version probes (exit 127), which FlashInfer and Triton read as an absent tool. Without a
+    bundle (activate()) the installed tools are probed before the stand-ins go up."""
     from nojit.loader.manifest import Producer
 
     real = shutil.which("nvcc")
@@ -252,10 +254,21 @@ def test_bundle_without_toolchain_answers_with_the_installed_tools(tmp_path, mon
     monkeypatch.delenv("NOJIT_FIREWALL_DIR", raising=False)
     producer = Producer(nojit="0", vllm=None, triton=None, tilelang=None, ptxas=None, nvcc=None, python="3.11",
                         torch=None)
-    report = firewall.activate(producer)
+    import nojit.loader.toolchain as toolchain_mod
+
+    with monkeypatch.context() as m:
+        m.setattr(toolchain_mod.subprocess, "run", lambda *a, **k: pytest.fail(f"a process was started: {a}"))
+        report = firewall.activate(producer)
     try:
-        assert report.versions_from == "installed tools" and report.host_tools["nvcc"]
+        assert report.versions_from == "none" and report.host_tools["nvcc"]
         assert shutil.which("nvcc") == os.path.join(report.bin_dir, "nvcc")
+        probe = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
+        assert probe.returncode == 127 and "no recorded version" in probe.stderr
+    finally:
+        firewall.deactivate()
+    report = firewall.activate()  # no bundle: the installed tools answer
+    try:
+        assert report.versions_from == "installed tools"
         assert subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout == expected
         # a child process reuses the folder (vLLM's spawned workers)
         child = subprocess.run([sys.executable, "-c", "from nojit.loader import firewall; r = firewall.activate(); "

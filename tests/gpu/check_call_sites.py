@@ -241,7 +241,13 @@ def child(args: argparse.Namespace) -> None:
 
         bundle = Bundle.open(args.bundle)
         mounted = {k for k in bundle.manifest.kernels if k.partition(":")[0] in sys.modules}
-        inst = install(args.bundle, mode="strict", allow_mismatch=frozenset({"vllm"}), kernels=mounted)
+        # The device bundle is built from kernels extracted from vLLM (tools/prepare_device.py); here the kernels are
+        # vLLM's verbatim modules, whose Triton cache_key can differ from the extracted copy's (it hashes globals and
+        # callees as the module sees them). Served anyway, every difference printed; bit identity with the JIT of the
+        # verbatim module is what this check asserts.
+        inst = install(args.bundle, mode="strict", allow_mismatch=frozenset({"vllm", "source"}), kernels=mounted)
+        for line in inst.allowed_differences:
+            print(f"allowed difference: {line}", file=sys.stderr, flush=True)
         tracer.servers = dict(inst.triton)
         installed = sorted(inst.triton)
     # every kernel of every vLLM module loaded (the call sites' helpers launch kernels defined elsewhere too)
