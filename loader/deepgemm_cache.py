@@ -5,7 +5,10 @@ DeepGEMM 2.8.1 (vLLM's vendored copy) looks a kernel up as
 digest covers the generated source, the flags and the text of `nvcc --version` (measured: the
 same source under another nvcc version text gets another digest; the nvcc path and DeepGEMM's
 install path do not change it). The bundle holds each entry under that exact name, so DeepGEMM's
-own lookup finds it. The directory is written once per bundle (named by the section's digest),
+own lookup finds it. The digest also covers the `deep_gemm/` headers the generated kernel.cu
+includes: DeepGEMM reads them from `<package>/include/deep_gemm/` on every lookup, a hit included
+(measured: 16 headers for sm90_fp8_gemm_1d2d; cute/ and cutlass/ are not read), so the installed
+package must keep them (check_headers). The directory is written once per bundle (named by the section's digest),
 every cubin checked against its sha256 each time it is opened, and the entries left read-only.
 
 The bundle's DeepGEMM section (a plain dict in the manifest):
@@ -23,7 +26,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from nojit.loader.errors import BundleCorruptError
+from nojit.loader.errors import BundleCorruptError, BundleMismatchError
 
 STUB_NVCC = "#!/bin/sh\n# nojit: DeepGEMM's compiler is answered in process; this file is never run.\nexit 127\n"
 
@@ -71,6 +74,17 @@ def seed(section: dict[str, Any], read_blob: Callable[[str], bytes], bundle_path
         _write_once(os.path.join(d, "kernel.cu"), entry["source"].encode(), 0o444)
         _write_once(os.path.join(d, ".committed"), b"", 0o444)
     return root
+
+
+def check_headers(package_dir: str, bundle_path: str) -> None:
+    """DeepGEMM hashes its own headers into every key; without them each call fails deep inside it
+    (deep_jit parser.hpp: "failed to open: " with an empty name), so say so before serving."""
+    headers = os.path.join(package_dir, "include", "deep_gemm")
+    if not os.path.isdir(headers):
+        raise BundleMismatchError(
+            f"DeepGEMM at {package_dir} has no headers ({headers}): its cache key hashes them, so no entry of "
+            f"bundle {bundle_path} can be found",
+            fix="install vLLM's vendored DeepGEMM with its include/ folder unchanged (the build hashed those headers)")
 
 
 def find_key(section: dict[str, Any], op: str, n: int, k: int, m: int) -> str | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nojit.loader.deepgemm_cache import find_key, seed
+from nojit.loader.deepgemm_cache import check_headers, find_key, seed
 from nojit.loader.deepgemm_popen import PopenFirewall
 from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError
 from nojit.loader.policy import KeyRecorder
@@ -124,6 +124,7 @@ def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes],
         raise BundleMismatchError(
             f"bundle {bundle_path} holds DeepGEMM {section['deep_gemm_version']} entries, installed is {dg.__version__}",
             fix="rebuild the bundle with this vLLM's DeepGEMM")
+    check_headers(os.path.dirname(dg.__file__), bundle_path)
     firewall = PopenFirewall(nvcc=stub, version_text=section["nvcc_version"], allow_others=mode is not Mode.STRICT,
                              real_nvcc=real_nvcc)
     firewall.install(extension_path(dg))

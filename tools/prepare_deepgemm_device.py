@@ -4,10 +4,13 @@ Builds DeepGEMM entries here (DeepGEMM's own enumeration and generated source, n
 for the given shapes at the given M, and copies what the device needs into the ignored folder:
     .device/deepgemm/section.json   the bundle section (loader/deepgemm_cache.py documents it)
     .device/deepgemm/cubins/<sha256>.cubin
-    .device/deepgemm/deep_gemm/     vLLM's vendored DeepGEMM package (its extension), without the
-                                    headers only a compile needs
+    .device/deepgemm/deep_gemm/     vLLM's vendored DeepGEMM package (its extension) with include/deep_gemm/
+                                    (DeepGEMM hashes those headers into every cache key and reads them on
+                                    each lookup, a hit included), without include/cute and include/cutlass
+                                    (27 MiB that only a compile reads)
     .device/deepgemm/lib/           libcudart.so.13, which the extension links against
 Usage: python tools/prepare_deepgemm_device.py [--shapes attention.wq_b,attention.wo_b] [--ms 1,31,...] [-j N]
+       python tools/prepare_deepgemm_device.py --package-only   (recopy deep_gemm/ and lib/, keep the entries)
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ def main() -> None:
     ap.add_argument("-j", type=int, default=2)
     ap.add_argument("--out", default=".device/deepgemm")
     ap.add_argument("--work", default="/tmp/nojit-deepgemm-prepare")
+    ap.add_argument("--package-only", action="store_true", help="recopy deep_gemm/ and lib/ only")
     args = ap.parse_args()
-
-    import vllm.third_party.deep_gemm as dg
+    if args.package_only:
+        copy_package(args.out)
+        return
 
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm.build import build_deepgemm_section
@@ -54,15 +59,31 @@ def main() -> None:
             f.write(raw)
     with open(os.path.join(args.out, "section.json"), "w") as f:
         json.dump(section, f, indent=1, sort_keys=True)
+    copy_package(args.out)
+    print(json.dumps({"entries": len(section["entries"]), "stats": stats, "out": args.out}))
+
+
+def copy_package(out: str) -> None:
+    """DeepGEMM's package with the headers its key hashes (include/deep_gemm), and its libcudart."""
+    import vllm.third_party.deep_gemm as dg
+
     pkg = os.path.dirname(dg.__file__)
-    shutil.copytree(pkg, os.path.join(args.out, "deep_gemm"),
-                    ignore=shutil.ignore_patterns("include", "__pycache__"))
-    os.makedirs(os.path.join(args.out, "lib"))
+    include = os.path.join(pkg, "include")
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skip = {"__pycache__"}
+        if os.path.realpath(folder) == os.path.realpath(include):
+            skip |= {"cute", "cutlass"}  # only a compile reads these; the key hashes deep_gemm/ only
+        return skip & set(names)
+
+    for name in ("deep_gemm", "lib"):
+        shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    shutil.copytree(pkg, os.path.join(out, "deep_gemm"), ignore=ignore)
+    os.makedirs(os.path.join(out, "lib"))
     import nvidia.cu13  # the CUDA 13 runtime wheel vLLM's torch uses
 
     cudart = os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
-    shutil.copy(os.path.realpath(cudart), os.path.join(args.out, "lib", "libcudart.so.13"))
-    print(json.dumps({"entries": len(section["entries"]), "stats": stats, "out": args.out}))
+    shutil.copy(os.path.realpath(cudart), os.path.join(out, "lib", "libcudart.so.13"))
 
 
 if __name__ == "__main__":

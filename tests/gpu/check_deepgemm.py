@@ -25,15 +25,15 @@ TOLERANCE = 0.001
 
 
 def _import_loader(name: str):
-    try:
+    """The tree's module (the code under test; the wheel in .whl may be older), the wheel's if absent."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "loader", f"{name}.py")
+    if not os.path.exists(path):
         return __import__(f"nojit.loader.{name}", fromlist=["*"])
-    except ImportError:  # the wheel on the device predates these modules: load them from the tree
-        path = os.path.join(os.path.dirname(__file__), "..", "..", "loader", f"{name}.py")
-        spec = importlib.util.spec_from_file_location(f"nojit.loader.{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
+    spec = importlib.util.spec_from_file_location(f"nojit.loader.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> int:
@@ -82,6 +82,12 @@ def main() -> int:
         print(f"DeepGEMM's extension does not load with torch {torch.__version__} (cuda {torch.version.cuda}):\n"
               f"  {result['load_error']}\n  -> this device needs the nojit-launcher route (TMA descriptors via "
               "cuTensorMapEncodeTiled) or vLLM's torch")
+        return finish(1)
+    try:  # DeepGEMM's key hashes its deep_gemm/ headers: without them every call fails inside deep_jit
+        cache.check_headers(os.path.dirname(dg.__file__), args.dir)
+    except cache.BundleMismatchError as exc:
+        result["load_error"] = str(exc)
+        print(f"{exc}\n  -> rerun tools/prepare_deepgemm_device.py --package-only (it copies include/deep_gemm)")
         return finish(1)
     from deep_gemm.testing.numeric import calc_diff
     from deep_gemm.utils.math import per_block_cast_to_fp8, per_token_cast_to_fp8
