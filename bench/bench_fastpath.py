@@ -88,7 +88,7 @@ def dispatch_and_device(args, smap) -> dict:
     import torch
     import triton
 
-    from nojit.aot.kernel_sources import resolve_kernel
+    from nojit.aot.runtimes.triton.sources import resolve_kernel
     from nojit.loader import triton_fast
     from nojit.loader.bundle_file import Bundle
     from nojit.loader.install import install, jit_function_of
@@ -173,7 +173,7 @@ def child_ready(args) -> None:
     """Fresh process: RSS and time of open, install, preload (imports and CUDA init done first)."""
     import torch
 
-    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
+    from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
     from nojit.loader.bundle_file import Bundle
     from nojit.loader.install import install
 
@@ -206,7 +206,7 @@ def child_cold(args) -> None:
     """Fresh process: launch the bundle's exact keys once each; JSON lines of cumulative ms."""
     import torch
 
-    from nojit.aot.kernel_sources import load_source_map, resolve_kernel
+    from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
     from nojit.loader.bundle_file import Bundle
     from nojit.loader.install import jit_function_of
     from triton_harness import grid_for, synthesize
@@ -278,7 +278,7 @@ def main() -> int:
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="nojit-bench-triton-"))
     skip = set(filter(None, args.skip.split(",")))
     out: dict = {}
-    from nojit.aot.kernel_sources import load_source_map
+    from nojit.aot.runtimes.triton.sources import load_source_map
 
     smap = load_source_map(args.sources) if args.sources else None
     if "dispatch" not in skip:

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COMPILE = r"""
 import importlib.util, sys
 path, canonical, out = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
-from nojit.aot.triton_offline import compile_key, install_offline_driver
+from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver
 install_offline_driver()
 if canonical:
     from nojit.aot.reproducible import canonical_source_paths
