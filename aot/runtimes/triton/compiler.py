@@ -22,15 +22,12 @@ from typing import Any
 
 from nojit.aot.errors import BuildError
 from nojit.aot.target import TARGET
-from nojit.loader.manifest import TritonLaunch
+from nojit.loader.manifest import TRITON_TYPE_CODES, TritonLaunch
 from nojit.loader.key_values import untag
 from nojit.loader.triton_key import Key, from_triton_specialization, options_key, with_implicit_options
 
 
-_TYPE_CODES = {
-    "i1": "c", "u1": "c", "i8": "c", "u8": "c", "i16": "h", "u16": "H", "i32": "i", "u32": "u",
-    "i64": "l", "u64": "L", "fp16": "e", "bf16": "b", "fp32": "f", "f32": "f", "fp64": "d",
-}
+_TYPE_CODES = TRITON_TYPE_CODES  # one table: the manifest's schema checks launches against the same codes
 _CODE_BYTES = {"p": 8, "l": 8, "L": 8, "d": 8, "i": 4, "u": 4, "f": 4, "h": 2, "H": 2, "e": 2, "b": 2, "c": 1}
 _PTX_BYTES = {"64": 8, "32": 4, "16": 2, "8": 1}
 
