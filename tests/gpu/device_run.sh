@@ -92,6 +92,7 @@ PY
         2>&1 | sed -n '/observed keys/,$p' | tail -80 || rc=1
       ;;
     pytest)
+      [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
       ;;
@@ -128,9 +129,10 @@ print("nojit from", nojit.loader.install.__file__, "| installed bundle", b.distr
 open(sys.argv[1], "w").write(b.path)
 PY
       IB=$(cat $W/installed_bundle_path)
-      NOJIT_CHECK_LOADER_PATH=$NOCC PYTHONPATH=$W/serve python3 tests/gpu/check_triton.py --bundle "$IB" --sources $MAP \
-        --parallel 8 --json "$OUT/check_wheel_triton.json" 2>&1 | tail -75 || rc=1
-      PATH=$NOCC PYTHONPATH=$W/serve python3 tests/gpu/check_tilelang.py --bundle "$IB" --vllm-src .device/vllm_src \
+      PY=$(command -v python3)  # the interpreter itself, not a link to it (a venv's python finds its packages by its path)
+      [ -n "${WHEEL_SKIP_TRITON:-}" ] || NOJIT_CHECK_LOADER_PATH=$NOCC PYTHONPATH=$W/serve $PY tests/gpu/check_triton.py \
+        --bundle "$IB" --sources $MAP --parallel 8 --json "$OUT/check_wheel_triton.json" 2>&1 | tail -75 || rc=1
+      PATH=$NOCC PYTHONPATH=$W/serve $PY tests/gpu/check_tilelang.py --bundle "$IB" --vllm-src .device/vllm_src \
         --json "$OUT/check_wheel_tilelang.json" 2>&1 | tail -60 || rc=1
       ;;
     replace)
