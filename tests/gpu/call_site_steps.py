@@ -23,6 +23,12 @@ MAX_NUM_REQS = 1024
 MAX_BATCHED = 8192
 MAX_MODEL_LEN = 8192
 BLOCK_SIZES = [256, 64, 4, 8]  # main KV (C4/C128 layers), SWA cache, C4 and C128 compressor states
+# Bytes per block of the default deployment's block-outermost KV pool (all layers' pages of one block, block_size 256),
+# as vLLM's kv_cache_planning lays it out (computed by aot/models/deepseek_v4/config.py:indexer_kv_block_stride).
+POOL_BYTES_PER_BLOCK = 961344
+# Per group, SlidingWindowSpec.num_retained_tokens (sliding_window - 1) as gpu/model_runner.py hands it to BlockTables:
+# the main KV group is full attention (0); the SWA cache and the compressor states are SlidingWindowMLASpec.
+SLIDING_WINDOW_REACH = [0, 127, 127, 127]
 HIDDEN_Q_LORA, HEAD_DIM, ROPE_DIM, NOPE_DIM = 1024, 512, 64, 448
 N_LOCAL_HEADS, N_GROUPS, HEADS_PER_GROUP = 16, 2, 8  # 64 heads / TP 4; o_groups 8 / TP 4
 WINDOW, INDEX_TOPK = 128, 512
@@ -121,7 +127,8 @@ def _randn(shape: tuple, dtype: torch.dtype, g: torch.Generator, device: str) ->
 def runner_metadata(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     bt_mod = _m["block_table"]
     max_blocks = [-(-MAX_MODEL_LEN // bs) for bs in BLOCK_SIZES]
-    tables = bt_mod.BlockTables(BLOCK_SIZES, MAX_NUM_REQS, MAX_BATCHED, max_blocks, torch.device(batch.device))
+    tables = bt_mod.BlockTables(BLOCK_SIZES, MAX_NUM_REQS, MAX_BATCHED, max_blocks, torch.device(batch.device),
+                                sliding_window_reach=SLIDING_WINDOW_REACH)
     INDIRECT["_apply_write_kernel"] = [t.gpu for t in tables.block_tables]
     INDIRECT["_gather_block_tables_kernel"] = list(tables.input_block_tables)
     idx = batch.idx_mapping()
@@ -139,7 +146,11 @@ def runner_metadata(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     for r in range(batch.num_reqs):
         single.stage_write(int(idx[r]), 0, [batch.computed[r], batch.scheduled[r]])
     single.apply_write()  # one group: _apply_write_kernel on a plain tensor
-    block_tables = tables.gather_block_tables(idx, batch.num_reqs)
+    # As the model runner's prepare_attn: num_computed_tokens per request slot (req_states), so sliding-window
+    # groups are masked (MASK_SLIDING_WINDOW=True; only the prefill-context-parallel path passes none).
+    computed = torch.zeros(MAX_NUM_REQS, dtype=torch.int32, device=batch.device)
+    computed[idx] = torch.tensor(batch.computed, dtype=torch.int32, device=batch.device)
+    block_tables = tables.gather_block_tables(idx, batch.num_reqs, num_computed_tokens=computed)
     slots = tables.compute_slot_mappings(idx, batch.query_start_loc(), batch.positions(), batch.num_tokens)
     out = {f"block_table_{i}": t for i, t in enumerate(block_tables)}
     out.update(slot_mappings=slots, staged=single.gpu)
@@ -207,7 +218,12 @@ def indexer_compress_insert(batch: Batch, seed: int, state_cache: torch.Tensor, 
                                            torch.tensor(batch.scheduled, device=dev))
     k_slots = (meta["slot_mappings"][0][:T] // 4).contiguous()  # compressed rows of the C4 K cache (64 a block)
     k_block = 256 // 4
-    kv_cache = torch.zeros((int(k_slots.max()) // k_block + 2, k_block, 128 + 4), dtype=torch.uint8, device=dev)
+    # vLLM's DeepSeek-V4 KV pool is block-outermost: block b of every layer's caches sits in one packed pool block,
+    # so the indexer K cache is a view whose stride(0) (the kernel's KV_BLOCK_STRIDE) is the pool's bytes per block,
+    # not one page (v1/attention/backends/mla/indexer.py:348-357, v1/core/kv_cache_planning.py:574-605).
+    num_blocks = int(k_slots.max()) // k_block + 2
+    pool = torch.zeros((num_blocks, POOL_BYTES_PER_BLOCK), dtype=torch.uint8, device=dev)
+    kv_cache = pool[:, :k_block * (128 + 4)].view(num_blocks, k_block, 128 + 4)  # the first layer's indexer K cache
     _m["fused_compress_quant_cache"].compress_norm_rope_store_triton(
         state_cache=state_cache, num_actual=T, token_to_req_indices=token_to_req, positions=batch.positions(),
         slot_mapping=state_slots, block_table=meta["block_table_2"], block_size=4, state_width=state_width,
@@ -255,22 +271,26 @@ def indexer_decode_pack(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     """Decode queries of several lengths packed into a padded batch and back (DSA decode path)."""
     dev, g = batch.device, _gen(batch.device, seed + 2)
     lengths = torch.tensor(batch.scheduled, dtype=torch.int32, device=dev)
-    x = _randn((batch.num_tokens, 64, 128), torch.bfloat16, g, dev)
+    # sparse_attn_indexer.py:834 packs the fp8 (float8_e4m3fn) indexer queries, default -inf pad; :949 unpacks the
+    # int32 top-k indices [batch, padded length, top-k] the decode logits produced.
+    x = _randn((batch.num_tokens, 64, 128), torch.float8_e4m3fn, g, dev)
     packed = _m["common"].pack_seq_triton(x, lengths)
-    unpacked = _m["common"].unpack_seq_triton(packed, lengths)
+    topk = torch.randint(0, MAX_MODEL_LEN, (len(batch.scheduled), max(batch.scheduled), 512), generator=g,
+                         device=dev, dtype=torch.int32)
+    unpacked = _m["common"].unpack_seq_triton(topk, lengths)
     return {"packed": packed, "unpacked": unpacked}
 
 
 # --------------------------------------------------------------------------------------------------
 # Sampler (V2): every option on
 
-def sampling(num_tokens: int, device: str, seed: int, spec: bool = False) -> dict[str, torch.Tensor]:
+def sampling(num_tokens: int, device: str, seed: int) -> dict[str, torch.Tensor]:
     state: dict[str, Any] = {}
     out = _site("sampler: logits processors", lambda: _processors(num_tokens, device, seed, state))
     if "logits" not in state:
         return out
     out.update(_site("sampler: top-k/top-p", lambda: _topk_topp(num_tokens, device, seed, state)))
-    out.update(_site("sampler: gumbel sample + logprobs", lambda: _sample(num_tokens, device, seed, spec, state)))
+    out.update(_site("sampler: gumbel sample + logprobs", lambda: _sample(num_tokens, device, seed, state)))
     return out
 
 
@@ -299,14 +319,17 @@ def _processors(num_tokens: int, device: str, seed: int, state: dict) -> dict[st
     pres = torch.rand(n_slots, generator=g, device=device)
     pen.apply_penalties(logits, idx, all_token_ids, local_pos, rep, freq, pres, prompt_bin_mask, output_bin_counts)
 
-    max_ids = 16
+    # The widths, dtypes and pos vLLM's LogitBiasState holds (logit_bias.py:20-50: int32 restore flags, 1024
+    # allowed / bias token ids, 128 stop ids) and the int64 positions of the input batch.
+    lb = _m["logit_bias"]
+    n_allowed, n_bias, n_stop = lb.MAX_NUM_ALLOWED_TOKEN_IDS, lb.MAX_NUM_LOGIT_BIAS_TOKENS, lb.MAX_NUM_STOP_TOKEN_IDS
     ints = lambda *shape, hi=VOCAB: torch.randint(0, hi, shape, generator=g, device=device, dtype=torch.int32)
-    pos = torch.full((num_tokens,), 45, dtype=torch.int32, device=device)
-    _m["logit_bias"].apply_logit_bias(
-        logits, idx, pos, torch.zeros(n_slots, dtype=torch.int32, device=device), ints(n_slots, max_ids), ints(n_slots, hi=8), ints(n_slots, max_ids),
-        torch.randn(n_slots, max_ids, generator=g, device=device), torch.full((n_slots,), 50, dtype=torch.int32,
-                                                                              device=device),
-        ints(n_slots, hi=3), torch.zeros(n_slots, dtype=torch.bool, device=device), ints(n_slots, max_ids))
+    pos = torch.full((num_tokens,), 45, dtype=torch.int64, device=device)
+    lb.apply_logit_bias(
+        logits, idx, pos, torch.zeros(n_slots, dtype=torch.int32, device=device), ints(n_slots, n_allowed),
+        ints(n_slots, hi=8), ints(n_slots, n_bias), torch.randn(n_slots, n_bias, generator=g, device=device),
+        torch.full((n_slots,), 50, dtype=torch.int32, device=device), ints(n_slots, hi=3),
+        torch.zeros(n_slots, dtype=torch.int32, device=device), ints(n_slots, n_stop))
 
     max_bad = 4
     bad_ids = ints(n_slots, 32)
@@ -332,13 +355,16 @@ def _topk_topp(num_tokens: int, device: str, seed: int, state: dict) -> dict[str
     return out
 
 
-def _sample(num_tokens: int, device: str, seed: int, spec: bool, state: dict) -> dict[str, torch.Tensor]:
+def _sample(num_tokens: int, device: str, seed: int, state: dict) -> dict[str, torch.Tensor]:
     logits, idx, temperature, pos, g = (state[k] for k in ("logits", "idx", "temperature", "pos", "g"))
     n_slots = MAX_NUM_REQS
     out = {}
+    # The target's sampler, also when it verifies MTP drafts (sample/sampler.py:357: is_drafting=False); only
+    # probabilistic draft sampling (draft logits kept, a non-default flag) passes is_drafting=True
+    # (spec_decode/speculator.py:473), and with it logits_cache: not a default-deployment call.
     sampled = _m["gumbel"].gumbel_sample(
         logits, idx, temperature, torch.arange(n_slots, dtype=torch.int64, device=device), pos.to(torch.int64),
-        apply_temperature=False, is_drafting=spec)
+        apply_temperature=False, is_drafting=False)
     out["sampled"] = sampled
     lp = _m["logprob"]
     token_ids = torch.cat([sampled.view(-1, 1).to(torch.int64),
@@ -386,7 +412,7 @@ def mtp_draft_and_verify(device: str, seed: int) -> dict[str, torch.Tensor]:
     batch = Batch([39, 302, 1101, 46], [2, 2, 2, 2], device)
     out = _model_step(batch, seed)
     out.update(indexer_decode_pack(batch, seed))
-    out.update(sampling(batch.num_tokens, device, seed, spec=True))
+    out.update(sampling(batch.num_tokens, device, seed))
     return out
 
 

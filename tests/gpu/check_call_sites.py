@@ -20,6 +20,11 @@ writes; after it, counts elements written (changed from the poison / from the sn
 every output. In the loader run it also keys the call exactly as the loader does and says how it is
 served (exact / generic / miss); these observed keys are written as JSONL (the format of
 NOJIT_MODE=record, readable by `nojit build --add-keys` and `nojit coverage --observed`).
+Launches are compared by (step, kernel, n-th launch of that kernel in the step), and output tables of
+device addresses (uint64) are not hashed (addresses differ between processes; their targets are).
+A launch whose key the bundle lacks is not launched in the loader run (strict mode would abort the
+step): it is recorded as missing and what the JIT's launch wrote is copied in, so the rest of the
+step still runs and is compared.
 A kernel fails if a key's launches wrote nothing (vacuous), if any launch differs from the JIT,
 on any compile or process in the loader run, or if a step reached a key the bundle lacks.
 """
@@ -89,6 +94,11 @@ class LaunchTracer:
         self._params: dict[int, tuple[set[str], set[str]]] = {}
         self._binders: dict[int, Any] = {}
         self.indirect: dict[str, list[Any]] = {}  # kernel qualname -> tensors it writes through addresses
+        self._ordinal: collections.Counter = collections.Counter()  # (step, kernel) -> launches so far
+        # (step, kernel, ordinal) -> {argument: what the JIT left in it}: the JIT run records what every launch
+        # wrote; the loader run copies it in for a launch whose key the bundle misses, so one missing key is
+        # recorded and the rest of the step still runs on the JIT's data and is still compared.
+        self.replay: dict[tuple[str, str, int], dict[str, Any]] = {}
 
     def _io(self, fn: Any) -> tuple[set[str], set[str]]:
         """(store-only parameters, read-and-written parameters) of the kernel: triton_harness's analysis
@@ -133,25 +143,54 @@ class LaunchTracer:
         inouts = {n: t for n, t in bound.items() if n not in outs and isinstance(t, torch.Tensor)}
         for i, t in enumerate(self.indirect.get(kid.rpartition(":")[2], ())):
             inouts[f"indirect[{i}]"] = t
+        at = (self.step, kid, self._ordinal[(self.step, kid)])
+        self._ordinal[(self.step, kid)] += 1
         row: dict[str, Any] = {"step": self.step, "kernel": kid, "index": len(self.launches)}
         if self.role == "loader":
             row.update(self._serving(kid, args, kwargs))
-        elif self.device == "cpu":  # interpret mode: key the call as Triton would, to list it against the plan
+            if row["outcome"] == "miss":
+                return self._stand_in(row, at, outs, inouts)
+        else:  # key the call as Triton would: listed against the plan, and named where the loader never got there
             row.update(self._interpreted_key(fn, args, kwargs))
         for t in outs.values():
             _bits(t).fill_(-1)
         before = {n: _bits(t).clone() for n, t in inouts.items()}
         if VERBOSE:
             print(f"launch {self.step} {kid} grid={grid if not callable(grid) else 'fn'}", file=sys.stderr, flush=True)
-        result = run(*args, grid=grid, warmup=False, **kwargs)
+        try:
+            result = run(*args, grid=grid, warmup=False, **kwargs)
+        except Exception as exc:  # listed with its key (the interpreter cannot run some kernels), then raised
+            row.update(written={}, hashes=None, error=f"{type(exc).__name__}: {exc}"[:300])
+            self.launches.append(row)
+            raise
         if self.device == "cuda":
             torch.cuda.synchronize()
         written = {n: int((_bits(t) != -1).sum()) for n, t in outs.items()}
         written.update({n: int((_bits(t) != before[n]).sum()) for n, t in inouts.items()})
         row["written"] = written
-        row["hashes"] = {n: _digest(t) for n, t in {**outs, **inouts}.items()}
+        # uint64 tables hold device addresses, which differ between the two processes: their targets are
+        # compared instead (the step registers them as indirect tensors).
+        row["hashes"] = {n: _digest(t) for n, t in {**outs, **inouts}.items() if t.dtype != torch.uint64}
         self.launches.append(row)
+        if self.role == "jit":
+            self.replay[at] = {n: t.detach().cpu().clone() for n, t in {**outs, **inouts}.items() if written[n]}
         return result
+
+    def _stand_in(self, row: dict, at: tuple[str, str, int], outs: dict[str, Any], inouts: dict[str, Any]) -> None:
+        """A launch the bundle cannot serve: not launched (strict mode would raise and abort the step); recorded
+        as missing, and what the JIT's launch wrote copied in so the step's later launches still compare."""
+        saved = self.replay.get(at)
+        row.update(written={}, hashes=None, replayed=saved is not None)
+        for t in outs.values():  # as the JIT run left them: poisoned, then what its launch wrote
+            _bits(t).fill_(-1)
+        tensors = {**outs, **inouts}
+        for n, t in (saved or {}).items():
+            if n in tensors and tensors[n].shape == t.shape and tensors[n].dtype == t.dtype:
+                tensors[n].copy_(t.to(tensors[n].device))
+        self.launches.append(row)
+        print(f"missing key, JIT writes copied in: {at[0]} {at[1]} #{at[2]} {row.get('why', '')}", file=sys.stderr,
+              flush=True)
+        return None
 
     def _interpreted_key(self, fn: Any, args: tuple, kwargs: dict) -> dict:
         """Triton's key for this call (nojit's binder over a JITFunction of the same Python function)."""
@@ -163,8 +202,14 @@ class LaunchTracer:
 
         binder = self._binders.get(id(fn))
         if binder is None:
-            binder = self._binders[id(fn)] = make_binder(JITFunction(fn.fn), ArgSpecializer(canonicalize_ptr_dtype,
-                                                                                              torch.Tensor))
+            # The kernel's own do_not_specialize lists (InterpretedFunction keeps them in kwargs): without them
+            # those arguments would be keyed as specialized, unlike the loader's and the plan's keys.
+            opts = fn.kwargs if hasattr(fn, "kwargs") else {
+                "do_not_specialize": fn.do_not_specialize,
+                "do_not_specialize_on_alignment": fn.do_not_specialize_on_alignment}
+            jit = JITFunction(fn.fn, **{k: opts[k] for k in ("do_not_specialize", "do_not_specialize_on_alignment")
+                                        if opts.get(k) is not None})
+            binder = self._binders[id(fn)] = make_binder(jit, ArgSpecializer(canonicalize_ptr_dtype, torch.Tensor))
         try:
             _bound, spec, options = binder(*args, **kwargs)
         except Exception as exc:
@@ -233,6 +278,8 @@ def child(args: argparse.Namespace) -> None:
     compiles: list[str] = []
     triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiles.append(str(kw.get("key"))[:80])
     tracer = LaunchTracer(args.child, device)
+    if args.child == "loader" and args.replay and os.path.exists(args.replay):
+        tracer.replay = torch.load(args.replay)
     call_site_steps.INDIRECT = tracer.indirect
     installed: list[str] = []
     if args.child == "loader":
@@ -282,6 +329,8 @@ def child(args: argparse.Namespace) -> None:
         summary["served"] = dict(inst.policy.summary())
     with open(args.out, "w") as f:
         json.dump(summary, f)
+    if args.child == "jit" and args.replay:
+        torch.save(tracer.replay, args.replay)
 
 
 def _trace_every_kernel(tracer: LaunchTracer, modules: list[Any], interpret: bool) -> None:
@@ -342,6 +391,7 @@ def run_role(args: argparse.Namespace, role: str, workdir: str) -> dict:
         cmd += ["--bundle", args.bundle]
     if args.steps:
         cmd += ["--steps", args.steps]
+    cmd += ["--replay", os.path.join(workdir, "jit_writes.pt")]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     if p.returncode != 0:
         return {"error": f"{role} exited {p.returncode}: {p.stderr[-3000:]}"}
@@ -349,23 +399,37 @@ def run_role(args: argparse.Namespace, role: str, workdir: str) -> dict:
         return json.load(f)
 
 
+def _by_ordinal(launches: list[dict]) -> dict[tuple[str, str, int], dict]:
+    """Launches keyed by (step, kernel, n-th launch of that kernel in that step): a launch that aborts or is
+    missing in one run shifts nothing else."""
+    seen: collections.Counter = collections.Counter()
+    out = {}
+    for r in launches:
+        at = (r["step"], r["kernel"])
+        out[(*at, seen[at])] = r
+        seen[at] += 1
+    return out
+
+
 def compare(jit: dict, loader: dict | None) -> tuple[list[dict], bool]:
     """Per kernel: keys reached, keys whose launches wrote, launches identical, outcomes. And overall ok."""
     per: dict[str, dict] = collections.defaultdict(lambda: {
         "launches": 0, "identical": 0, "keys": {}, "written_launches": 0})
-    jl = jit["launches"]
-    ll = loader["launches"] if loader else [None] * len(jl)
-    ok = True
-    if loader and [(r["step"], r["kernel"]) for r in ll] != [(r["step"], r["kernel"]) for r in jl[:len(ll)]]:
-        ok = False
-    for j, lo in zip(jl, ll):
+    jl = _by_ordinal(jit["launches"])
+    ll = _by_ordinal(loader["launches"]) if loader else {}
+    ok = not loader or set(ll) <= set(jl)  # the loader launched nothing the JIT did not
+    for at, j in jl.items():
+        lo = ll.get(at)
         k = per[j["kernel"]]
         k["launches"] += 1
         wrote = sum(j["written"].values()) > 0
         k["written_launches"] += wrote
+        if loader is not None and lo is None:  # the loader run never got there: not identical, key unknown
+            lo = {"key": j.get("key"), "outcome": "not reached", "written": {}, "hashes": None}
         src = lo if lo is not None else j  # the loader keys every call; an interpreted JIT run keys them too
         if lo is not None:
-            k["identical"] += lo["hashes"] == j["hashes"]
+            k["identical"] += (j["hashes"] is not None and lo["hashes"] == j["hashes"]
+                               and lo.get("outcome") in ("exact", "generic"))
         else:
             k["identical"] += 1
         keytext = json.dumps(src.get("key"), sort_keys=True)
@@ -377,11 +441,13 @@ def compare(jit: dict, loader: dict | None) -> tuple[list[dict], bool]:
         outcomes = collections.Counter(v["outcome"] for v in k["keys"].values())
         nkeys = len(k["keys"])
         written_keys = sum(v["written"] for v in k["keys"].values())
-        kernel_ok = (written_keys == nkeys and k["identical"] == k["launches"] and outcomes.get("miss", 0) == 0)
+        kernel_ok = (written_keys == nkeys and k["identical"] == k["launches"] and outcomes.get("miss", 0) == 0
+                     and outcomes.get("not reached", 0) == 0)
         ok &= kernel_ok
         rows.append({"kernel": kid, "keys": nkeys, "written": written_keys, "launches": k["launches"],
                      "identical": k["identical"], "exact": outcomes.get("exact", 0),
-                     "generic": outcomes.get("generic", 0), "missing": outcomes.get("miss", 0), "ok": kernel_ok,
+                     "generic": outcomes.get("generic", 0), "missing": outcomes.get("miss", 0),
+                     "not_reached": outcomes.get("not reached", 0), "ok": kernel_ok,
                      "key_list": list(k["keys"].values())})
     return rows, ok
 
@@ -398,6 +464,7 @@ def main() -> int:
     ap.add_argument("--list-sources", action="store_true",
                     help="import the call sites from --vllm-src and print the vLLM files they load (JSON)")
     ap.add_argument("--child")
+    ap.add_argument("--replay", help="(child) what each JIT launch wrote: saved by the jit role, read by the loader")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.list_sources:
@@ -444,13 +511,15 @@ def main() -> int:
 
 
 def print_table(rows: list[dict], compiles: int, procs: int, with_loader: bool) -> None:
-    header = ("kernel", "keys", "written", "launches", "identical", "compiles/procs", "exact", "generic", "missing")
+    header = ("kernel", "keys", "written", "launches", "identical", "compiles/procs", "exact", "generic", "missing",
+              "not reached")
     lines = []
     for r in rows:
         name = r["kernel"].rpartition(":")[2] + "  (" + r["kernel"].partition(":")[0].rpartition(".")[2] + ")"
         lines.append((name, r["keys"], f"{r['written']}/{r['keys']}", r["launches"],
                       f"{r['identical']}/{r['launches']}" if with_loader else "-",
-                      f"{compiles}/{procs}" if with_loader else "-", r["exact"], r["generic"], r["missing"]))
+                      f"{compiles}/{procs}" if with_loader else "-", r["exact"], r["generic"], r["missing"],
+                      r.get("not_reached", 0)))
     widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
     for line in [header, tuple("-" * w for w in widths), *lines]:
         print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
