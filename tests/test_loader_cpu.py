@@ -62,10 +62,11 @@ def kernel():
 def test_bundled_key_goes_straight_to_the_launcher(installed):
     inst = installed(mode="strict")
     assert C128A in inst.triton and kernel().run == inst.triton[C128A].entry_point  # the one-call C path
+    before = len(guards.compile_attempts)  # the list is per process; earlier tests refused compilers on purpose
     with pytest.raises(LaunchError, match="libcuda.so.1|NVIDIA driver") as info:
         kernel()[(4,)](**c128a_args())
     assert "fix:" in str(info.value)
-    assert guards.compile_attempts == []
+    assert guards.compile_attempts[before:] == []
 
 
 @needs_vllm
