@@ -68,8 +68,13 @@ def run(args: argparse.Namespace, report: dict) -> None:
 
         dry = install_dry_run()
     t0 = time.perf_counter()
-    from nojit.aot.vllm_env import _neutral_platform
+    from nojit.aot.vllm_env import CUDA_ONLY_KERNEL_MODULES, _neutral_platform, import_kernel_module
     from vllm.plugins import load_general_plugins
+
+    # On a GPU vLLM defines these modules' kernels at import (`if current_platform.is_cuda()`); on this CPU box
+    # they are imported as the build imports them, under the deployment platform, before the plugin resolves them.
+    for name in sorted(CUDA_ONLY_KERNEL_MODULES):
+        import_kernel_module(name)
 
     # nojit's entry point, as every vLLM process calls it. vLLM's kernel modules run CUDA-only
     # setup at import (vllm._C, absent on a CPU box): they are imported under vLLM's neutral
