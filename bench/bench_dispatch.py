@@ -22,10 +22,11 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
 
 
-def per_call_us(fn, calls: int = 2000, batches: int = 15) -> float:
+def per_call_us(fn, calls: int = 2000, batches: int = 15, warmup: int = 200) -> float:
+    """Median host microseconds per call of `fn` over `batches` batches of `calls` calls, after `warmup` calls."""
     import torch
 
-    for _ in range(200):
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     samples = []

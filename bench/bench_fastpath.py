@@ -19,6 +19,7 @@ TileLang mHC dispatch is not timed here (not done yet; see bench/RESULTS.md).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -30,22 +31,13 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
+sys.path.insert(0, HERE)
+
+import bench_dispatch  # noqa: E402
 
 
-def per_call_us(fn, calls: int = 1000, batches: int = 9) -> float:
-    import torch
-
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(batches):
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter_ns() - t0) / calls / 1000)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+# bench_dispatch's timer, with shorter batches: this script times many kernels and keys in one device call.
+per_call_us = functools.partial(bench_dispatch.per_call_us, calls=1000, batches=9, warmup=100)
 
 
 def gpu_us(launch, reps: int = 50) -> float:
