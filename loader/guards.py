@@ -23,6 +23,7 @@ import re
 import shlex
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from nojit.loader import firewall
@@ -37,8 +38,8 @@ _FIX = (
 )
 
 _lock = threading.RLock()
-_state: dict[str, Any] = {"audit": False, "triton": False, "tilelang": False, "cute": False, "humming": False,
-                          "hook": False, "active": False}
+_state: dict[str, Any] = {"audit": False, "hook": False, "active": False}
+_guarded: set[str] = set()  # modules of _LIBRARY_GUARDS whose library is guarded now
 compile_attempts: list[str] = []
 
 
@@ -149,32 +150,20 @@ def install_strict_guards() -> None:
         if not _state["audit"]:
             sys.addaudithook(_audit)  # cannot be removed; inert while no strict install is active
             _state["audit"] = True
-        if not _state["triton"] and "triton" in sys.modules:
-            _guard_triton()
-            _state["triton"] = True
-        if not _state["tilelang"] and "tilelang" in sys.modules:
-            _guard_tilelang()
-            _state["tilelang"] = True
-        if not _state["cute"] and "cutlass.cute" in sys.modules:
-            _guard_cute()
-            _state["cute"] = True
-        if not _state["humming"] and "humming.jit.compiler" in sys.modules:
-            _guard_humming()
-            _state["humming"] = True
+        for module, guard in _LIBRARY_GUARDS.items():
+            if module not in _guarded and module in sys.modules:
+                guard()
+                _guarded.add(module)
         if not _state["hook"]:
             sys.meta_path.insert(0, _GuardOnImport())
             _state["hook"] = True
-
-
-# module whose loading completes the guard of its library
-_GUARDED_ON_IMPORT = frozenset({"triton", "tilelang", "cutlass.cute", "humming.jit.compiler"})
 
 
 class _GuardOnImport(importlib.abc.MetaPathFinder):
     """Applies the strict guards when Triton/TileLang/CuTeDSL/Humming is imported after install."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in _GUARDED_ON_IMPORT or not _state["active"]:
+        if fullname not in _LIBRARY_GUARDS or not _state["active"]:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -218,7 +207,7 @@ def deactivate() -> None:
         while _restore:
             obj, name, value = _restore.pop()
             setattr(obj, name, value)
-        _state["triton"] = _state["tilelang"] = _state["cute"] = _state["humming"] = False
+        _guarded.clear()
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _GuardOnImport)]
         _state["hook"] = False
 
@@ -285,3 +274,13 @@ def _guard_tilelang() -> None:
     if impl is not None:
         _patch(impl, "compile", no_compile)
         _patch(impl, "par_compile", no_compile)
+
+
+# The module whose loading completes each library, and the guard applied once it is loaded (at install, or by
+# _GuardOnImport when the library is imported later).
+_LIBRARY_GUARDS: dict[str, Callable[[], None]] = {
+    "triton": _guard_triton,
+    "tilelang": _guard_tilelang,
+    "cutlass.cute": _guard_cute,
+    "humming.jit.compiler": _guard_humming,
+}
