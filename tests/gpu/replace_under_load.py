@@ -4,9 +4,10 @@
         [--servers 4] [--readers 2] [--duration 120] [--keys-per-kernel 3] [--json OUT]
 
 B2 is a different bundle of the same kernels (device_run.sh builds it with --no-generic). Steps:
-  1. a JIT process computes, per kernel and exact key (at most --keys-per-kernel), the fingerprint of
-     every buffer after plain Triton `kernel[grid](...)` on seeded inputs (run twice: a key whose JIT
-     runs differ is nondeterministic and is skipped);
+  1. as many JIT processes as servers, at once, compute per kernel and exact key (at most
+     --keys-per-kernel) the fingerprint of every buffer after plain Triton `kernel[grid](...)` on seeded
+     inputs, --jit-runs times each: a kernel with a key whose JIT runs differ has racy synthetic inputs
+     and is left out whole (named in the summary);
   2. the bundle is copied to a fresh path P; --servers processes (one per GPU when there are several,
      else all on GPU 0) install P in strict mode and signal; --readers processes open P and keep
      reading every cubin through the open bundle, and others reopen P from scratch in a loop;
@@ -65,6 +66,7 @@ def child_jit(a: argparse.Namespace) -> dict:
     from nojit.loader.triton_key import key_from_json
     from triton_harness import fingerprint, grid_for, synthesize
 
+    torch.cuda.set_device(a.rank % torch.cuda.device_count())  # the same GPUs the servers will use
     keys = json.load(open(a.keys_file))
     resolve = _resolver(a.sources)
     ref: dict = {}
@@ -163,6 +165,35 @@ def _spawn(role: str, a: argparse.Namespace, rank: int, work: str, extra: list[s
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out
 
 
+def _jit_reference(a: argparse.Namespace, work: str) -> tuple[dict | None, str, list[str]]:
+    """The JIT's fingerprints, taken under the same contention as the servers: as many JIT processes as servers,
+    at once, each running every key --jit-runs times. A key is compared only if every run of every JIT process
+    gave one fingerprint; a kernel with any such racy key (its synthetic inputs let programs race on one output,
+    e.g. colliding random indices) is left out whole, by name, because contention decides which program wins."""
+    spawned = [_spawn("jit", a, r, work, []) for r in range(max(1, a.servers))]
+    runs = []
+    for proc, out in spawned:
+        proc.wait()
+        res = json.load(open(out))
+        if res["error"]:
+            print("JIT reference failed:", res["error"], res.get("traceback", ""), file=sys.stderr)
+            return None, "", []
+        runs.append(res["reference"])
+    merged: dict = {}
+    for key in runs[0]:
+        prints = [r[key] for r in runs]
+        merged[key] = prints[0] if all(p is not None and p == prints[0] for p in prints) else None
+    racy = sorted({k.rsplit("#", 1)[0] for k, v in merged.items() if v is None})
+    for key in merged:
+        if key.rsplit("#", 1)[0] in racy:
+            merged[key] = None
+    jit = {"reference": merged, "racy_kernels": racy}
+    ref_path = os.path.join(work, "jit-reference.json")
+    with open(ref_path, "w") as f:
+        json.dump(jit, f)
+    return jit, ref_path, racy
+
+
 def _atomic_copy(src: str, dst: str) -> None:
     tmp = dst + ".incoming"
     shutil.copyfile(src, tmp)
@@ -212,13 +243,9 @@ def main() -> int:
     with open(os.path.join(work, "keys.json"), "w") as f:
         json.dump(keys, f)
     t0 = time.time()
-    p, jit_out = _spawn("jit", a, 0, work, [])
-    p.wait()
-    jit = json.load(open(jit_out))
-    if jit["error"]:
-        print("JIT reference failed:", jit["error"], jit.get("traceback", ""), file=sys.stderr)
+    jit, ref_path, racy = _jit_reference(a, work)
+    if jit is None:
         return 1
-    ref_path = jit_out
     go = os.path.join(work, "go")
     procs = []
     for r in range(a.servers):
@@ -259,6 +286,8 @@ def main() -> int:
             ok = False  # a reader reopening the path must have seen both bundles, whole
     compared = sum(v is not None for v in jit["reference"].values())
     print(f"replace under load: {len(keys)} kernels, {len(jit['reference'])} keys ({compared} deterministic, compared)")
+    print(f"  left out whole (racy under {max(1, a.servers)} concurrent JIT processes): {len(racy)} kernels: "
+          + ", ".join(k.rsplit(":", 1)[-1] for k in racy))
     for what, at in events:
         print(f"  {at:7.1f} s  {what}")
     print(f"  {'process':<10} {'dev':>3} {'launches':>9} {'mismatch':>8} {'loads':>6} {'reads':>7} {'opens':>6}  error")
@@ -272,7 +301,7 @@ def main() -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"ok": ok, "events": events, "results": results, "keys": len(jit["reference"]),
-                       "compared": compared}, f, indent=1)
+                       "compared": compared, "racy_kernels": racy}, f, indent=1)
     return 0 if ok else 1
 
 
