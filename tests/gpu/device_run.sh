@@ -138,8 +138,9 @@ PY
     replace)
       [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
       build_triton $W/triton_exact.nojit --no-generic 2>&1 | tail -3
+      NGPU=$(nvidia-smi -L | wc -l)  # one server per GPU where there are several; else 4 on the one
       python3 tests/gpu/replace_under_load.py --bundle $W/triton.nojit --rebuilt $W/triton_exact.nojit --sources $MAP \
-        --servers 4 --readers 2 --duration "${REPLACE_SECONDS:-180}" --json "$OUT/replace_under_load.json" 2>&1 \
+        --servers $([ "$NGPU" -gt 1 ] && echo "$NGPU" || echo 4) --readers 2 --duration "${REPLACE_SECONDS:-180}" --json "$OUT/replace_under_load.json" 2>&1 \
         | tail -40 || rc=1
       ;;
     fastpath)
