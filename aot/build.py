@@ -227,6 +227,8 @@ def _read_plan(opts: BuildOptions) -> Plan:
     plan = Plan.read(opts.plan_in or "")
     selection = Selection(kernels=opts.kernels)
     plan.keep_kernels(lambda kid, k: k.runtime in opts.runtimes and selection.wants(kid))
+    if not opts.generic:  # a plan emitted with generic entries, built with --no-generic: exact keys only
+        plan.keep_requests(lambda r: r.variant == "exact")
     return plan
 
 

@@ -97,6 +97,11 @@ class Plan:
         self.requests = [r for r in self.requests if r.kernel in self.kernels]
         self._index = {_index_key(r.kernel, r.key, r.variant) for r in self.requests}
 
+    def keep_requests(self, keep: Callable[[PlanRequest], bool]) -> None:
+        """Drop every request for which `keep` is false (kernels stay)."""
+        self.requests = [r for r in self.requests if keep(r)]
+        self._index = {_index_key(r.kernel, r.key, r.variant) for r in self.requests}
+
     def to_json(self) -> dict[str, Any]:
         return {"format": PLAN_FORMAT, "deployment": self.deployment, "vllm": self.vllm,
                 "kernels": {kid: k.to_json() for kid, k in self.kernels.items()},

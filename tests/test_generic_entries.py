@@ -103,3 +103,19 @@ def test_kernels_with_asynchronous_copies_get_the_plain_generic_compile():
     assert _WIDTH_FIXED_OPS.search(exact.ttgir)
     assert not _WIDTH_FIXED_OPS.search(hinted.ttgir)
     assert _normalized(hinted.ttgir) == _normalized(plain.ttgir) and hinted.cubin == plain.cubin
+
+
+def test_a_plan_emitted_with_generic_entries_built_with_no_generic_compiles_exact_keys_only(tmp_path):
+    """`nojit build --from-plan P --no-generic` must not take the plan's generic requests along (the
+    replace-under-load check builds its second, different bundle this way)."""
+    from nojit.aot.build import BuildOptions, _read_plan
+    from nojit.aot.plan import Plan, PlanKernel, PlanRequest
+
+    plan = Plan("d", None, {"m:k": PlanKernel("triton", "0" * 64, ["a"], {})},
+                [PlanRequest(kernel="m:k", key={"a": 1}, variant="exact", origin="t"),
+                 PlanRequest(kernel="m:k", key={"a": 1}, variant="generic", origin="t")])
+    path = str(tmp_path / "plan.json")
+    plan.write(path)
+    for generic, want in ((True, {"exact", "generic"}), (False, {"exact"})):
+        got = _read_plan(BuildOptions(output="x", plan_in=path, generic=generic))
+        assert {r.variant for r in got.requests} == want
