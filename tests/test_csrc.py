@@ -130,3 +130,69 @@ def test_a_cluster_out_of_range_is_refused_not_dropped(fake_driver, tmp_path):
         L.launch(f.function, (2, 1, 1), (32, 1, 1), 0, 0, b"p", [0], (2, 1, 1), False, False)
     """)
     assert len(lines) == 1 and "4:2.1.1," in lines[0]
+
+
+def test_a_bundled_function_loads_once_per_device_checks_its_threads_and_names_its_entry(fake_driver, tmp_path):
+    """The Python side of the launcher (cuda_launch.BundledFunction): one module load per device however often it
+    is asked, the device check once per device, a block larger than the cubin allows refused (equal is fine),
+    and a driver refusal that names the kernel, the variant, the key (sorted) and the bundle, with the right fix."""
+    launches = run_with_fake(fake_driver, tmp_path, """
+        from nojit.loader.cuda_launch import BundledFunction, launcher, _fix_for
+        from nojit.loader.errors import LaunchError
+
+        assert launcher() is launcher() and launcher().loads == 0
+        assert L.driver_version() == 13000
+
+        class Entry:
+            kernel, variant, key, blob = "m:k", "exact", {"b": 2, "a": 1}, "blob-1"
+
+        class Bundle:
+            path = "/b/served.nojit"
+            reads = 0
+            def __init__(self, image):
+                self.image = image
+            def read_blob(self, blob):
+                Bundle.reads += 1
+                return self.image
+
+        checked = []
+        launcher().device_check = checked.append
+        good = Bundle(b"FAKE kern 8\\0")
+        for threads in (None, 512, 1024):  # the fake cubin allows 1024 threads per block
+            fn = BundledFunction(good, Entry(), "kern", 0, threads)
+            assert fn.load(0) == fn.load(0) != 0
+        assert launcher().loads == 1 and Bundle.reads == 1 and checked == [0]  # cached per (device, blob)
+        try:
+            BundledFunction(good, Entry(), "kern", 0, 2048).load(0)
+        except LaunchError as e:
+            assert "m:k: 2048 threads per block, the cubin allows 1024" in str(e), e
+        else:
+            raise SystemExit("2048 threads accepted")
+
+        class Other(Entry):
+            blob = "blob-2"
+        try:
+            BundledFunction(Bundle(b"\\x7fELF not a fake cubin"), Other(), "kern", 0, None).load(0)
+        except LaunchError as e:
+            text = str(e)
+            assert 'kernel m:k, exact key {"a":1,"b":2}, bundle /b/served.nojit' in text, text
+            assert "CUDA_ERROR_INVALID_IMAGE" in text and "another GPU architecture" in e.fix, (text, e.fix)
+        else:
+            raise SystemExit("a damaged cubin loaded")
+        assert launcher().loads == 1
+
+        class Long(Entry):
+            key = {"k": "x" * 400}
+        where = BundledFunction(good, Long(), "kern", 0, None).where()
+        assert '{"k":"' + "x" * 294 + ", bundle" in where, where  # the key is cut at 300 characters
+
+        f = L.function(0, "xyz", lambda: b"FAKE kern 8\\0", "kern", 0)  # every axis distinct: none swapped
+        L.launch(f.function, (4, 2, 8), (8, 4, 2), 0, 0, b"p", [0], (1, 2, 4), False, False)
+
+        assert "driver is too old" in _fix_for("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
+        assert "driver is too old" in _fix_for("CUDA_ERROR_INVALID_PTX")
+        assert "another GPU architecture" in _fix_for("CUDA_ERROR_NO_BINARY_FOR_GPU")
+        assert "NVIDIA driver installed" in _fix_for("cannot open libcuda.so.1")
+        assert "NOJIT_MODE=permissive" in _fix_for("CUDA_ERROR_LAUNCH_FAILED")
+    """)
+    assert len(launches) == 1 and "grid=4,2,8 block=8,4,2" in launches[0] and "4:1.2.4," in launches[0], launches
