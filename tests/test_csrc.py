@@ -188,6 +188,8 @@ def test_a_bundled_function_loads_once_per_device_checks_its_threads_and_names_i
 
         f = L.function(0, "xyz", lambda: b"FAKE kern 8\\0", "kern", 0)  # every axis distinct: none swapped
         L.launch(f.function, (4, 2, 8), (8, 4, 2), 0, 0, b"p", [0], (1, 2, 4), False, False)
+        fn = BundledFunction(good, Entry(), "kern", 0, None)  # the hot path: the entry's own C entry point and buffer
+        assert fn._c_launch(fn.load(0), 3, 1, 1, 64, 1, 1, 0, 0, b"p", [0], 1, 1, 1, 1, 0, 0, fn._err, 512) == 0
 
         assert "driver is too old" in _fix_for("CUDA_ERROR_UNSUPPORTED_PTX_VERSION")
         assert "driver is too old" in _fix_for("CUDA_ERROR_INVALID_PTX")
@@ -195,4 +197,5 @@ def test_a_bundled_function_loads_once_per_device_checks_its_threads_and_names_i
         assert "NVIDIA driver installed" in _fix_for("cannot open libcuda.so.1")
         assert "NOJIT_MODE=permissive" in _fix_for("CUDA_ERROR_LAUNCH_FAILED")
     """)
-    assert len(launches) == 1 and "grid=4,2,8 block=8,4,2" in launches[0] and "4:1.2.4," in launches[0], launches
+    assert len(launches) == 2 and "grid=4,2,8 block=8,4,2" in launches[0] and "4:1.2.4," in launches[0], launches
+    assert "grid=3,1,1 block=64,1,1" in launches[1], launches
