@@ -8,8 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
 from nojit.aot.observed_coverage import ObservedRow, read_observed, render
+from nojit.aot.plan import Plan
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -50,3 +52,20 @@ def test_observed_file_that_is_not_jsonl_says_so(tmp_path) -> None:
     path.write_text("not json\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not JSON"):
         read_observed(str(path))
+
+
+def test_coverage_observed_lists_planned_and_unplanned_keys(small_build, tmp_path) -> None:
+    """`nojit coverage --observed` against a typed plan: a planned key is counted, an unplanned one fails the run."""
+    plan = Plan.read(small_build["plan"])
+    planned = next(r for r in plan.requests if r.variant == "exact")
+    unplanned = json.loads(json.dumps(planned.key))
+    unplanned["spec"][0] = ["*fp64", "D"]
+    path = tmp_path / "observed.jsonl"
+    path.write_text("".join(json.dumps({"kernel": planned.kernel, "runtime": "triton", "key": k, "outcome": "exact"})
+                            + "\n" for k in (planned.key, unplanned)))
+    out = run_cli("coverage", small_build["bundle"], "--plan", small_build["plan"], "--observed", str(path),
+                  check=False)
+    assert out.returncode == 1, out.stdout + out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith(planned.kernel))
+    assert row.split()[1:4] == ["2", "1", "1"], row  # observed, planned, reached & exact
+    assert "reached, not planned (an enumerator defect)" in out.stdout
