@@ -66,6 +66,7 @@ def test_coverage_observed_lists_planned_and_unplanned_keys(small_build, tmp_pat
     out = run_cli("coverage", small_build["bundle"], "--plan", small_build["plan"], "--observed", str(path),
                   check=False)
     assert out.returncode == 1, out.stdout + out.stderr
-    row = next(line for line in out.stdout.splitlines() if line.startswith(planned.kernel))
+    observed_table = out.stdout.split("observed keys (reached on real steps)")[1]
+    row = next(line for line in observed_table.splitlines() if line.startswith(planned.kernel))
     assert row.split()[1:4] == ["2", "1", "1"], row  # observed, planned, reached & exact
     assert "reached, not planned (an enumerator defect)" in out.stdout

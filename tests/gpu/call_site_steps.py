@@ -606,7 +606,9 @@ def mtp_draft_and_verify(device: str, seed: int) -> dict[str, torch.Tensor]:
 
 
 def sampling_all_options(device: str, seed: int) -> dict[str, torch.Tensor]:
-    return sampling([3 + 5 * i for i in range(40)], [0] * 40, device, seed)
+    """72 requests: above topk_topp_triton's _SPLIT_MAX_BATCH (64), so top-p runs in the monolithic kernel (the
+    decode and MTP steps, 8 rows, take the split top-p pipeline)."""
+    return sampling([3 + 5 * i for i in range(72)], [0] * 72, device, seed)
 
 
 def _slots(batch: Batch) -> list[int]:

@@ -59,14 +59,20 @@ STORES = ("store", "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "ato
           "atomic_and", "atomic_xor")
 
 
-def _aliased(fn: Any, calls: tuple[str, ...]) -> set[str]:
-    """Parameters reached as the base of `calls` through local names assigned from them (any depth)."""
+def _param_names(fn: Any) -> list[str]:
+    return [p.name for p in fn.params] if hasattr(fn, "params") else list(fn.arg_names)
+
+
+def _reached(fn: Any, calls: tuple[str, ...], depth: int = 0) -> set[str]:
+    """Parameters reaching the base address of `calls` (tl.store, tl.load, atomics): directly, through local
+    names assigned from them (`row_ptr = out_ptr + i * stride`, any depth) and through @jit helpers (JIT or
+    interpreted) they are passed to, positionally or by keyword."""
     import ast
     import inspect
     import textwrap
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
-    params = {p.name for p in fn.params}
+    params = _param_names(fn)
     alias: dict[str, str] = {p: p for p in params}
 
     def root(node: ast.AST) -> str | None:
@@ -82,9 +88,20 @@ def _aliased(fn: Any, calls: tuple[str, ...]) -> set[str]:
                     alias[node.targets[0].id] = r
     out = set()
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in calls
-                and node.args and (r := root(node.args[0])) is not None):
-            out.add(r)
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr in calls and node.args:
+            if (r := root(node.args[0])) is not None:
+                out.add(r)
+        elif isinstance(node.func, ast.Name) and depth < 4:
+            helper = fn.fn.__globals__.get(node.func.id)
+            if helper is None or not hasattr(helper, "fn") or not (hasattr(helper, "params")
+                                                                   or hasattr(helper, "arg_names")):
+                continue
+            used = _reached(helper, calls, depth + 1)
+            names = _param_names(helper)
+            passed = [*zip(names, node.args), *((kw.arg, kw.value) for kw in node.keywords)]
+            out |= {r for name, arg in passed if name in used and (r := root(arg)) is not None}
     return out
 
 
@@ -107,19 +124,21 @@ class LaunchTracer:
         self.replay: dict[tuple[str, str, int], dict[str, Any]] = {}
 
     def _io(self, fn: Any) -> tuple[set[str], set[str]]:
-        """(store-only parameters, read-and-written parameters) of the kernel: triton_harness's analysis
-        (following @jit helpers) plus stores through local aliases (`row_ptr = out_ptr + i * stride`)."""
+        """(store-only parameters, read-and-written parameters) of the kernel: triton_harness's analysis plus
+        _reached's (local aliases, helpers of interpreted kernels too). A parameter read anywhere is never poisoned
+        (poison read back would change what the kernel computes)."""
         from triton_harness import _stored_params
 
         got = self._params.get(id(fn))
         if got is None:
-            if not hasattr(fn, "params"):  # TRITON_INTERPRET=1: an InterpretedFunction
-                fn = _Interpreted(fn)
-            names = [p.name for p in fn.params]
-            stored = {names[i] for i in _stored_params(fn)} | _aliased(fn, STORES)
+            names = _param_names(fn)
+            stored = _reached(fn, STORES)
             # Atomics read what they update: their targets are never poisoned.
             reads = ("load", *STORES[1:])
-            loaded = {names[i] for i in _stored_params(fn, calls=reads)} | _aliased(fn, reads)
+            loaded = _reached(fn, reads)
+            if hasattr(fn, "params"):
+                stored |= {names[i] for i in _stored_params(fn)}
+                loaded |= {names[i] for i in _stored_params(fn, calls=reads)}
             got = (stored - loaded, stored & loaded)
             self._params[id(fn)] = got
         return got
@@ -244,17 +263,6 @@ class LaunchTracer:
         return {"key": key_to_json(key), "outcome": outcome, "source_hash": server.record.source_hash}
 
 
-class _Interpreted:
-    """The parts of a JITFunction triton_harness reads (params, fn, __globals__), for an InterpretedFunction."""
-
-    def __init__(self, fn: Any) -> None:
-        import types
-
-        self.fn = fn.fn
-        self.params = [types.SimpleNamespace(name=n) for n in fn.arg_names]
-        self.__globals__ = fn.fn.__globals__
-
-
 POISON = 0x5A  # every byte of a store-only output before its launch
 
 
@@ -289,6 +297,8 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import triton
 
+    if interpret and not torch.cuda.is_available():  # CPU validation: vLLM's eager-only branches ask this
+        torch.cuda.is_current_stream_capturing = lambda: False
     from vllm_mount import mount
 
     finder = mount(args.vllm_src)
