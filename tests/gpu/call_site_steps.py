@@ -389,8 +389,8 @@ TOPK_TOPP_MIXES = ("k_and_p", "k_rows_and_p_only_rows", "p_only", "k_only")
 
 
 def _mix_params(mix: str, row: int, g: torch.Generator) -> tuple[int, float]:
-    k = int(torch.randint(5, 200, (1,), generator=g))
-    p = float(torch.rand(1, generator=g)) * 0.5 + 0.4
+    k = int(torch.randint(5, 200, (1,), generator=g, device=g.device))
+    p = float(torch.rand(1, generator=g, device=g.device)) * 0.5 + 0.4
     if mix == "k_and_p":
         return k, p
     if mix == "k_rows_and_p_only_rows":

@@ -191,17 +191,17 @@ class LaunchTracer:
             raise
         if self.device == "cuda":
             torch.cuda.synchronize()
-        written = {}
-        for n, t in outs.items():
-            untouched = _bits(t) == _poison_of(t)
-            written[n] = int(t.numel() - untouched.sum())
-            _bits(t)[untouched] = before[n][untouched]  # what the launch did not store: the pre-state again
+        untouched = {n: _bits(t) == _poison_of(t) for n, t in outs.items()}
+        written = {n: int(t.numel() - untouched[n].sum()) for n, t in outs.items()}
         written.update({n: int((_bits(t) != before[n]).sum()) for n, t in inouts.items()})
         row["written"] = written
         row["in_place"] = sorted(n for n in inouts if written[n])  # updated where it was read: pre-state compared
-        # uint64 tables hold device addresses, which differ between the two processes: their targets are
-        # compared instead (the step registers them as indirect tensors).
+        # Hashed as the launch left them (store-only outputs: poison where it did not store). uint64 tables hold
+        # device addresses, which differ between the two processes: their targets are compared instead (the step
+        # registers them as indirect tensors).
         row["hashes"] = {n: _digest(t) for n, t in {**outs, **inouts}.items() if t.dtype != torch.uint64}
+        for n, t in outs.items():  # what the launch did not store: the pre-state again, as the step had it
+            _bits(t)[untouched[n]] = before[n][untouched[n]]
         self.launches.append(row)
         if self.role == "jit":
             self.replay[at] = {n: t.detach().cpu().clone() for n, t in {**outs, **inouts}.items() if written[n]}
@@ -458,7 +458,8 @@ def compare(jit: dict, loader: dict | None, planned: dict[str, set[str]] | None 
     from nojit.loader.bundle_file import canonical_json
 
     per: dict[str, dict] = collections.defaultdict(lambda: {
-        "launches": 0, "identical": 0, "keys": {}, "written_launches": 0, "writes": set(), "in_place": set()})
+        "launches": 0, "identical": 0, "keys": {}, "written_launches": 0, "writes": set(), "in_place": set(),
+        "differ": []})
     jl = _by_ordinal(jit["launches"])
     ll = _by_ordinal(loader["launches"]) if loader else {}
     ok = not loader or set(ll) <= set(jl)  # the loader launched nothing the JIT did not
@@ -475,9 +476,13 @@ def compare(jit: dict, loader: dict | None, planned: dict[str, set[str]] | None 
         src = lo if lo is not None else j  # the loader keys every call; an interpreted JIT run keys them too
         if lo is not None:
             # same inputs (pre-state), same elements written, same outputs, and served from the bundle
-            k["identical"] += (j["hashes"] is not None and lo["hashes"] == j["hashes"]
-                               and lo.get("pre") == j.get("pre") and lo["written"] == j["written"]
-                               and lo.get("outcome") in ("exact", "generic"))
+            why = [what for what, same in (
+                ("outputs", j["hashes"] is not None and lo["hashes"] == j["hashes"]),
+                ("elements written", lo["written"] == j["written"]), ("inputs (pre-state)", lo.get("pre") == j.get("pre")),
+                (f"served: {lo.get('outcome')}", lo.get("outcome") in ("exact", "generic"))) if not same]
+            k["identical"] += not why
+            if why:
+                k["differ"].append(f"{at[0]} #{at[2]}: " + ", ".join(why))
         else:
             k["identical"] += 1
         keytext = json.dumps(src.get("key"), sort_keys=True)
@@ -501,7 +506,7 @@ def compare(jit: dict, loader: dict | None, planned: dict[str, set[str]] | None 
                      "generic": outcomes.get("generic", 0), "missing": outcomes.get("miss", 0),
                      "not_reached": outcomes.get("not reached", 0),
                      "planned": None if planned is None else nkeys - unplanned, "ok": kernel_ok,
-                     "writes": sorted(k["writes"]), "in_place": sorted(k["in_place"]),
+                     "writes": sorted(k["writes"]), "in_place": sorted(k["in_place"]), "differ": k["differ"],
                      "key_list": list(k["keys"].values())})
     return rows, ok
 
@@ -586,6 +591,9 @@ def print_table(rows: list[dict], compiles: int, procs: int, with_loader: bool) 
         print("| " + " | ".join(str(c) for c in cells) + " |")
     print("(written: keys whose launches changed some output element, in both runs; * = updated in place, counted "
           "against the pre-state; missing includes launches the loader run never reached)")
+    for r in rows:
+        for line in r["differ"][:5]:
+            print(f"  not identical: {r['kernel'].rpartition(':')[2]} {line}")
 
 
 def write_observed(path: str, rows: list[dict]) -> None:
