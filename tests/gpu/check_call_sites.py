@@ -178,7 +178,8 @@ class LaunchTracer:
         else:  # key the call as Triton would: listed against the plan, and named where the loader never got there
             row.update(self._interpreted_key(fn, args, kwargs))
         before = {n: _bits(t).clone() for n, t in {**outs, **inouts}.items()}
-        row["pre"] = {n: _digest(t) for n, t in before.items() if t.dtype != torch.uint64}
+        # The inputs' pre-state (store-only outputs excluded: what a fresh allocation holds is not an input)
+        row["pre"] = {n: _digest(before[n]) for n, t in inouts.items() if t.dtype != torch.uint64}
         for t in outs.values():
             _bits(t).fill_(_poison_of(t))
         if VERBOSE:
