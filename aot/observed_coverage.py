@@ -49,8 +49,8 @@ def compute(observed: dict[str, set[str]], plan: Any, bundle: Bundle) -> list[Ob
     m = bundle.manifest
     planned: dict[str, set[str]] = defaultdict(set)
     for r in plan.requests:
-        if r["variant"] == "exact":
-            planned[r["kernel"]].add(canonical_json(r["key"]).decode())
+        if r.variant == "exact":
+            planned[r.kernel].add(canonical_json(r.key).decode())
     exact: dict[str, set[str]] = defaultdict(set)
     generic: dict[str, set[Any]] = defaultdict(set)
     for e in m.entries:

@@ -11,11 +11,13 @@ are hashed and compared between the JIT and the loader runs.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import types
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 VOCAB = 129280
@@ -32,6 +34,7 @@ SLIDING_WINDOW_REACH = [0, 127, 127, 127]
 HIDDEN_Q_LORA, HEAD_DIM, ROPE_DIM, NOPE_DIM = 1024, 512, 64, 448
 N_LOCAL_HEADS, N_GROUPS, HEADS_PER_GROUP = 16, 2, 8  # 64 heads / TP 4; o_groups 8 / TP 4
 WINDOW, INDEX_TOPK = 128, 512
+BAD_WORDS_TOTAL_TOKENS, MAX_NUM_BAD_WORDS = 1024, 128  # vllm/envs.py defaults (bad_words.py:30-37)
 
 CALL_SITE_MODULES = (
     "vllm.v1.worker.gpu.block_table",
@@ -43,6 +46,8 @@ CALL_SITE_MODULES = (
     "vllm.v1.worker.gpu.sample.bad_words",
     "vllm.v1.worker.gpu.sample.logprob",
     "vllm.v1.sample.ops.topk_topp_triton",
+    "vllm.v1.sample.ops.topk_topp_sampler",
+    "vllm.v1.worker.gpu.sample.states",
     "vllm.models.common.ops.fused_qk_rmsnorm",
     "vllm.models.deepseek_v4.common.ops.fused_inv_rope_fp8_quant",
     "vllm.models.deepseek_v4.common.ops.save_partial_states",
@@ -50,6 +55,9 @@ CALL_SITE_MODULES = (
     "vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache",
     "vllm.v1.attention.ops.common",
     "vllm.v1.attention.backends.mla.indexer",
+    "vllm.v1.kv_cache_interface",
+    "vllm.v1.worker.utils",
+    "vllm.models.deepseek_v4.attention",
 )
 
 _m: dict[str, Any] = {}
@@ -57,6 +65,7 @@ _m: dict[str, Any] = {}
 # its tracer counts and hashes them as that kernel's outputs).
 INDIRECT: dict[str, list[torch.Tensor]] = {}
 ERRORS: list[str] = []  # call sites of the current step that raised (the step goes on with the next)
+NEW_BLOCKS: list[int] = []  # block ids of the main KV group allocated in the current step (runner_metadata)
 
 
 def _site(name: str, call: Any) -> dict[str, torch.Tensor]:
@@ -133,13 +142,16 @@ def runner_metadata(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     INDIRECT["_gather_block_tables_kernel"] = list(tables.input_block_tables)
     idx = batch.idx_mapping()
     next_block = [1] * len(BLOCK_SIZES)
+    new_blocks: list[int] = []  # main-group blocks first written in this step: the scheduler's new blocks to zero
     for r, (c, n) in enumerate(zip(batch.computed, batch.scheduled)):
         ids = []
         for gi, bs in enumerate(BLOCK_SIZES):
             count = -(-(c + n) // bs)
             ids.append(list(range(next_block[gi], next_block[gi] + count)))
             next_block[gi] += count + 7  # other requests' blocks in between
+        new_blocks += [b for j, b in enumerate(ids[0]) if j * BLOCK_SIZES[0] >= c]
         tables.append_block_ids(int(idx[r]), tuple(ids), overwrite=True)
+    NEW_BLOCKS[:] = new_blocks
     tables.apply_staged_writes()  # several groups: FusedStagedWriter -> _apply_write_kernel (MULTI_GROUP)
     single = _m["buffer_utils"].StagedWriteTensor((MAX_NUM_REQS, 4), dtype=torch.int32,
                                                    device=torch.device(batch.device))
@@ -235,6 +247,74 @@ def indexer_compress_insert(batch: Batch, seed: int, state_cache: torch.Tensor, 
     return {"indexer_k_cache": kv_cache}
 
 
+def kv_block_zeroing(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
+    """KVBlockZeroer (v1/worker/utils.py:105) as the V2 runner builds it (gpu/model_runner.py:829) and calls it on
+    the step's newly allocated blocks (model_runner.py:1295). DeepSeek-V4 needs it: its caches mix uint8 and fp32
+    (kv_cache_interface.py:1652). The groups are the first C4 layer's caches, views into one block-outermost pool
+    (vLLM's real specs and AttentionGroup): the main MLA cache (block 256, 584 B a token), its indexer K cache
+    (64 compressed rows of 132 B), the SWA cache (block 64) and the C4 compressor state (block 4, fp32). The pool
+    holds stale data (random bytes): zeroing changes every byte it reaches that is not already 0."""
+    if not NEW_BLOCKS:
+        return {}  # no new block in this step: the runner launches nothing (utils.py:234)
+    dev, g = batch.device, _gen(batch.device, seed + 6)
+    kvi, wu = _m["kv_cache_interface"], _m["utils"]
+    num_blocks = max(NEW_BLOCKS) + 2
+    pool = torch.randint(0, 256, (num_blocks, POOL_BYTES_PER_BLOCK), generator=g, device=dev,
+                         dtype=torch.int32).to(torch.uint8)
+    mla = dict(num_kv_heads=1, dtype=torch.uint8, cache_dtype_str="fp8_ds_mla", model_version="deepseek_v4")
+    layout = [  # (layer name, group id, spec, view shape, dtype)
+        ("layers.0.attn", 0, kvi.MLAAttentionSpec(block_size=256, head_size=584, **mla), (256, 584), torch.uint8),
+        ("layers.0.attn.indexer.k_cache", 0, kvi.MLAAttentionSpec(block_size=256, head_size=132, **mla), (64, 132),
+         torch.uint8),
+        ("layers.0.attn.swa_cache", 1,
+         kvi.SlidingWindowMLASpec(block_size=64, head_size=584, sliding_window=WINDOW, **mla), (64, 584), torch.uint8),
+        ("layers.0.attn.compressor.state_cache", 2,
+         kvi.SlidingWindowMLASpec(block_size=4, num_kv_heads=1, head_size=2048, dtype=torch.float32,
+                                  sliding_window=WINDOW, model_version="deepseek_v4"), (4, 2048), torch.float32),
+    ]
+    context, groups, offset = {}, {}, 0
+    for name, gid, spec, shape, dtype in layout:
+        nbytes = shape[0] * shape[1] * torch.tensor([], dtype=dtype).element_size()
+        view = pool[:, offset:offset + nbytes].view(dtype).view(num_blocks, *shape)
+        offset += nbytes
+        context[name] = types.SimpleNamespace(kv_cache=view)
+        groups.setdefault(gid, wu.AttentionGroup(backend=None, layer_names=[], kv_cache_spec=spec,
+                                                 kv_cache_group_id=gid))
+        groups[gid].layer_names.append(name)
+    zeroer = wu.KVBlockZeroer(torch.device(dev), groups.values(), BLOCK_SIZES, context, num_blocks)
+    INDIRECT["_zero_kv_blocks_kernel"] = [pool]  # written through the zeroer's table of segment addresses
+    zeroer.zero_block_ids(list(NEW_BLOCKS))
+    return {"kv_pool_zeroed": pool}
+
+
+def short_context_topk(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
+    """DeepseekV4Indexer.forward's short-context branch (models/deepseek_v4/attention.py:1119-1144): when every
+    sequence has at most index_topk compressed tokens, every candidate is selected by
+    _fill_short_context_topk_indices into the model's [max_num_batched_tokens, index_topk] int32 buffer
+    (nvidia/model.py:848). The indexer is called unbound on a stand-in holding the attributes that branch reads;
+    the forward context holds the indexer's metadata (num_decode_tokens, num_prefill_tokens, max_seq_len)."""
+    seq_lens = [c + n for c, n in zip(batch.computed, batch.scheduled)]
+    if max(seq_lens) // 4 > INDEX_TOPK:
+        return {}  # long context: the indexer's top-k kernels run instead (not Triton)
+    dev = batch.device
+    buffer = torch.full((MAX_BATCHED, INDEX_TOPK), 7, dtype=torch.int32, device=dev)  # the previous step's indices
+    decodes = sum(n for n in batch.scheduled if n <= 2)  # MTP verification counts as decode (query length <= 2)
+    meta = types.SimpleNamespace(max_seq_len=max(seq_lens), num_decode_tokens=decodes,
+                                 num_prefill_tokens=batch.num_tokens - decodes)
+    indexer = types.SimpleNamespace(compressor=None, k_cache=types.SimpleNamespace(prefix="layers.0.attn.indexer"),
+                                    compress_ratio=4, topk_tokens=INDEX_TOPK, topk_indices_buffer=buffer)
+    forward_context = importlib.import_module("vllm.forward_context")
+    forward_context.CURRENT.attn_metadata = {"layers.0.attn.indexer": meta}
+    try:
+        result = _m["attention"].DeepseekV4Indexer.forward(
+            indexer, hidden_states=None, qr=None, compressed_kv_score=None, indexer_weights=None,
+            positions=batch.positions(), rotary_emb=None, skip_compressor=True)
+    finally:
+        forward_context.CURRENT.attn_metadata = None
+    assert result == (None, None, None), "the indexer took its long-context branch"
+    return {"short_context_topk": buffer}
+
+
 def sparse_prefill_ops(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     """The FlashMLA sparse prefill path: combine the indexer's top-k with the SWA window."""
     dev, g = batch.device, _gen(batch.device, seed + 1)
@@ -282,95 +362,199 @@ def indexer_decode_pack(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Sampler (V2): every option on
+# Sampler (V2): every option on, in the order of vLLM's Sampler (v1/worker/gpu/sample/sampler.py)
 
-def sampling(num_tokens: int, device: str, seed: int) -> dict[str, torch.Tensor]:
+@dataclass
+class Params:
+    """The per-request SamplingParams fields vLLM's sampler states read (SamplingStates.add_request, states.py:41;
+    PenaltiesState.add_request, penalties.py:50)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    logprobs: int | None = None
+
+
+# Top-k / top-p request mixes: each gives SamplingStates.get_top_k_top_p (states.py:105) a different
+# (top_k, top_p, has_topp_only_rows) and so a different path through apply_top_k_top_p_triton
+# (topk_topp_triton.py:1681-1722): top-k + top-p in every row (monolithic kernel only); top-k rows and top-p-only
+# rows mixed (monolithic kernel, then the split top-p pipeline with K); top-p only (top_k None: the split pipeline
+# alone); top-k only (top_p None).
+TOPK_TOPP_MIXES = ("k_and_p", "k_rows_and_p_only_rows", "p_only", "k_only")
+
+
+def _mix_params(mix: str, row: int, g: torch.Generator) -> tuple[int, float]:
+    k = int(torch.randint(5, 200, (1,), generator=g, device=g.device))
+    p = float(torch.rand(1, generator=g, device=g.device)) * 0.5 + 0.4
+    if mix == "k_and_p":
+        return k, p
+    if mix == "k_rows_and_p_only_rows":
+        return (k, p) if row % 2 else (0, p)  # top_k 0: disabled (states.py:47)
+    if mix == "p_only":
+        return 0, p
+    return k, 1.0
+
+
+def sampling(idx_list: list[int], local_pos: list[int], device: str, seed: int) -> dict[str, torch.Tensor]:
+    """One Sampler.__call__ (sampler.py:134) on raw logits for the tokens of idx_list (request slots, one per
+    logits row; MTP verification repeats a request's slot per row, local_pos numbering them)."""
     state: dict[str, Any] = {}
-    out = _site("sampler: logits processors", lambda: _processors(num_tokens, device, seed, state))
+    out = _site("sampler: logits processors, temperature, min-p",
+                lambda: _processors(idx_list, local_pos, device, seed, state))
     if "logits" not in state:
         return out
-    out.update(_site("sampler: top-k/top-p", lambda: _topk_topp(num_tokens, device, seed, state)))
-    out.update(_site("sampler: gumbel sample + logprobs", lambda: _sample(num_tokens, device, seed, state)))
+    out.update(_site("sampler: top-k/top-p", lambda: _topk_topp(device, seed, state)))
+    state.setdefault("processed", state["logits"])  # top-k/top-p raised (recorded): the later sites still run
+    out.update(_site("sampler: gumbel sample", lambda: _gumbel(state)))
+    if "sampled" not in state:  # gumbel raised (recorded): logprobs of some token still run
+        state["sampled"] = torch.zeros(len(state["idx_np"]), dtype=torch.int64, device=device)
+    out.update(_site("sampler: logprobs", lambda: _logprobs(state)))
     return out
 
 
-def _processors(num_tokens: int, device: str, seed: int, state: dict) -> dict[str, torch.Tensor]:
+def _processors(idx_list: list[int], local_pos_list: list[int], device: str, seed: int,
+                state: dict) -> dict[str, torch.Tensor]:
+    """Sampler.apply_sampling_params (sampler.py:226-268): fp32 copy of the raw logits, the logits processors
+    (logit bias, penalties, bad words: sampler.py:71-76, in that order), then temperature and min-p. Every option
+    is chosen so that its kernel changes values: the model's raw logits are unit-scale bf16, min-p keeps about a
+    quarter of the vocabulary per row, and nothing before top-k/top-p masks a whole row."""
     g = _gen(device, seed + 3)
-    logits = _randn((num_tokens, VOCAB), torch.float32, g, device) * 4
-    idx = torch.tensor([3 + 5 * (i % 8) for i in range(num_tokens)], dtype=torch.int64, device=device)
+    T = len(idx_list)
     n_slots = MAX_NUM_REQS
-    temperature = torch.rand(n_slots, generator=g, device=device) + 0.5
-    _m["gumbel"].apply_temperature(logits, idx, temperature)
-    min_p = torch.rand(n_slots, generator=g, device=device) * 0.1
-    _m["min_p"].apply_min_p(logits, idx, min_p)
+    idx = torch.tensor(idx_list, dtype=torch.int64, device=device)
+    idx_np = idx.cpu().numpy()
+    local_pos = torch.tensor(local_pos_list, dtype=torch.int32, device=device)
+    # compute_logits output: head_dtype = the model dtype (bf16, config/model.py:2521), vocab rows of 129280 (a
+    # multiple of 64: no padding column, logits_processor.py:198).
+    raw = _randn((T, VOCAB), torch.bfloat16, g, device)
+    input_ids = torch.randint(0, VOCAB, (T,), generator=g, device=device, dtype=torch.int32)
+    pos = torch.full((T,), 45, dtype=torch.int64, device=device)  # positions of the logits rows
 
+    # Per request slot: every option on, values varying by row; SamplingStates is vLLM's own. Requests carry no
+    # seed (the default): add_request draws one from numpy's global RNG (states.py:54), seeded here so that the
+    # JIT and the loader processes sample alike.
+    np.random.seed(seed % 2**32)
+    states = _m["states"].SamplingStates(n_slots, VOCAB)
+    params: dict[int, Params] = {}
+    for row, slot in enumerate(dict.fromkeys(idx_list)):
+        params[slot] = Params(temperature=0.6 + 0.1 * (row % 5), top_k=0, top_p=1.0, min_p=0.002 * (1 + row % 3),
+                              repetition_penalty=1.1 + 0.05 * (row % 4), frequency_penalty=0.3 * (row % 3),
+                              presence_penalty=0.2 * (row % 2), logprobs=5 if row % 2 == 0 else 2)
+        states.add_request(slot, params[slot])
+    states.apply_staged_writes()
+
+    # Request state (states.py RequestState): token ids [max_num_reqs, max_model_len], prompt / prefill / total
+    # lengths. Every other request was preempted and resumed: prefill_len > prompt_len, so its re-prefilled
+    # output tokens are counted as output (penalties.py _bincount_kernel).
+    all_token_ids = torch.randint(0, VOCAB, (n_slots, MAX_MODEL_LEN), generator=g, device=device, dtype=torch.int32)
     prompt_len = torch.full((n_slots,), 40, dtype=torch.int32, device=device)
-    prefill_len = torch.full((n_slots,), 40, dtype=torch.int32, device=device)
-    total_len = torch.full((n_slots,), 52, dtype=torch.int32, device=device)
-    all_token_ids = torch.randint(0, VOCAB, (n_slots, 64), generator=g, device=device, dtype=torch.int32)
-    words = (VOCAB + 31) // 32
-    prompt_bin_mask = torch.zeros((n_slots, words), dtype=torch.int32, device=device)
-    output_bin_counts = torch.zeros((n_slots, VOCAB), dtype=torch.int32, device=device)
-    pen = _m["penalties"]
-    pen.bincount(idx, all_token_ids, prompt_len, prefill_len, prompt_bin_mask, output_bin_counts, 40)
-    local_pos = torch.zeros(num_tokens, dtype=torch.int32, device=device)
-    rep = torch.rand(n_slots, generator=g, device=device) + 1.0
-    freq = torch.rand(n_slots, generator=g, device=device)
-    pres = torch.rand(n_slots, generator=g, device=device)
-    pen.apply_penalties(logits, idx, all_token_ids, local_pos, rep, freq, pres, prompt_bin_mask, output_bin_counts)
+    prefill_len = prompt_len.clone()
+    prefill_len[idx[::2]] = 52
+    total_len = prefill_len + 3
 
-    # The widths, dtypes and pos vLLM's LogitBiasState holds (logit_bias.py:20-50: int32 restore flags, 1024
-    # allowed / bias token ids, 128 stop ids) and the int64 positions of the input batch.
+    logits = torch.empty_like(raw, dtype=torch.float32).copy_(raw)  # sampler.py:242
+
+    # LogitBiasState.apply (logit_bias.py:131): logit_bias on every request (distinct token ids per row, as the
+    # dict it comes from), allowed_token_ids on one, min_tokens stop ids on the others until position 50.
     lb = _m["logit_bias"]
     n_allowed, n_bias, n_stop = lb.MAX_NUM_ALLOWED_TOKEN_IDS, lb.MAX_NUM_LOGIT_BIAS_TOKENS, lb.MAX_NUM_STOP_TOKEN_IDS
-    ints = lambda *shape, hi=VOCAB: torch.randint(0, hi, shape, generator=g, device=device, dtype=torch.int32)
-    pos = torch.full((num_tokens,), 45, dtype=torch.int64, device=device)
+    slots = torch.arange(n_slots, device=device, dtype=torch.int32)[:, None]
+    distinct = lambda width, step: ((slots * 7919 + torch.arange(width, device=device, dtype=torch.int32) * step)
+                                    % VOCAB).to(torch.int32)
+    num_allowed = torch.zeros(n_slots, dtype=torch.int32, device=device)
+    num_allowed[idx_list[0]] = 300
+    num_bias = torch.full((n_slots,), 16, dtype=torch.int32, device=device)
+    num_stop = torch.full((n_slots,), 3, dtype=torch.int32, device=device)
     lb.apply_logit_bias(
-        logits, idx, pos, torch.zeros(n_slots, dtype=torch.int32, device=device), ints(n_slots, n_allowed),
-        ints(n_slots, hi=8), ints(n_slots, n_bias), torch.randn(n_slots, n_bias, generator=g, device=device),
-        torch.full((n_slots,), 50, dtype=torch.int32, device=device), ints(n_slots, hi=3),
-        torch.zeros(n_slots, dtype=torch.int32, device=device), ints(n_slots, n_stop))
+        logits, idx, pos, num_allowed, distinct(n_allowed, 89), num_bias, distinct(n_bias, 97),
+        torch.randn(n_slots, n_bias, generator=g, device=device) * 2,
+        torch.full((n_slots,), 50, dtype=torch.int32, device=device), num_stop,
+        torch.zeros(n_slots, dtype=torch.int32, device=device), distinct(n_stop, 101))
 
+    # PenaltiesState: bincount at apply_staged_writes (penalties.py:66), apply (penalties.py:88).
+    pen = _m["penalties"]
+    per_slot = lambda attr, default: torch.tensor([getattr(params[s], attr) if s in params else default
+                                                   for s in range(n_slots)], dtype=torch.float32, device=device)
+    prompt_bin_mask = torch.zeros((n_slots, (VOCAB + 31) // 32), dtype=torch.int32, device=device)
+    output_bin_counts = torch.zeros((n_slots, VOCAB), dtype=torch.int32, device=device)
+    new_reqs = torch.tensor(list(params), dtype=torch.int64, device=device)
+    pen.bincount(new_reqs, all_token_ids, prompt_len, prefill_len, prompt_bin_mask, output_bin_counts,
+                 int(prefill_len[new_reqs].max()))
+    pen.apply_penalties(logits, idx, input_ids, local_pos, per_slot("repetition_penalty", 1.0),
+                        per_slot("frequency_penalty", 0.0), per_slot("presence_penalty", 0.0), prompt_bin_mask,
+                        output_bin_counts)
+
+    # BadWordsState.apply (bad_words.py:79): 4 bad words per request (lengths 2, 1, 3, 2); the 1-token word is
+    # always banned, the others when their prefix matches the output.
     max_bad = 4
-    bad_ids = ints(n_slots, 32)
-    offsets = torch.tensor([0, 2, 3, 6, 8], dtype=torch.int32, device=device).repeat(n_slots, 1)
-    input_ids = ints(num_tokens)
-    _m["bad_words"].apply_bad_words(logits, idx, bad_ids, offsets, torch.full((n_slots,), max_bad, dtype=torch.int32,
-                                                                             device=device),
+    bad_ids = torch.randint(0, VOCAB, (n_slots, BAD_WORDS_TOTAL_TOKENS), generator=g, device=device,
+                            dtype=torch.int32)
+    offsets = torch.zeros((n_slots, MAX_NUM_BAD_WORDS + 1), dtype=torch.int32, device=device)
+    offsets[:, :5] = torch.tensor([0, 2, 3, 6, 8], dtype=torch.int32, device=device)
+    _m["bad_words"].apply_bad_words(logits, idx, bad_ids, offsets,
+                                    torch.full((n_slots,), max_bad, dtype=torch.int32, device=device),
                                     all_token_ids, prompt_len, total_len, input_ids, local_pos, max_bad)
-    state.update(logits=logits, idx=idx, temperature=temperature, pos=pos, g=g)
+
+    states.apply_temperature(logits, idx, idx_np)  # sampler.py:263
+    states.apply_min_p(logits, idx, idx_np)  # sampler.py:268
+    state.update(logits=logits, raw=raw, idx=idx, idx_np=idx_np, pos=pos, g=g, states=states, params=params)
     return {"logits_processed": logits.clone()}
 
 
-def _topk_topp(num_tokens: int, device: str, seed: int, state: dict) -> dict[str, torch.Tensor]:
-    logits, g = state["logits"], state["g"]
+def _topk_topp(device: str, seed: int, state: dict) -> dict[str, torch.Tensor]:
+    """Sampler._sample_random (sampler.py:347): apply_top_k_top_p with what SamplingStates.get_top_k_top_p gives
+    for each request mix (TOPK_TOPP_MIXES), on the processed logits. The first mix's result is sampled."""
+    idx, idx_np, g = state["idx"], state["idx_np"], state["g"]
     out = {}
-    k = torch.randint(5, 200, (num_tokens,), generator=g, device=device, dtype=torch.int32)
-    p = torch.rand(num_tokens, generator=g, device=device) * 0.5 + 0.4
-    out["topk_topp"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), k, p)
-    k_none = torch.full((num_tokens,), VOCAB, dtype=torch.int32, device=device)
-    out["topk_noop_topp"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), k_none, p)
-    out["topp_only"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), None, p)  # split top-p
-    out["topk_only"] = _m["topk_topp_triton"].apply_top_k_top_p_triton(logits.clone(), k, None)
+    for mix in TOPK_TOPP_MIXES:
+        states = _m["states"].SamplingStates(MAX_NUM_REQS, VOCAB)
+        np.random.seed(1)
+        for row, (slot, p) in enumerate(state["params"].items()):
+            top_k, top_p = _mix_params(mix, row, g)
+            states.add_request(slot, Params(temperature=p.temperature, top_k=top_k, top_p=top_p, min_p=p.min_p))
+        states.apply_staged_writes()
+        top_k, top_p, has_topp_only_rows = states.get_top_k_top_p(idx, idx_np, VOCAB)  # sampler.py:301
+        result = _m["topk_topp_sampler"].apply_top_k_top_p(state["logits"].clone(), top_k, top_p,
+                                                           has_topp_only_rows=has_topp_only_rows)
+        out[f"topk_topp_{mix}"] = result
+        if mix == TOPK_TOPP_MIXES[0]:
+            state["processed"] = result
     return out
 
 
-def _sample(num_tokens: int, device: str, seed: int, state: dict) -> dict[str, torch.Tensor]:
-    logits, idx, temperature, pos, g = (state[k] for k in ("logits", "idx", "temperature", "pos", "g"))
-    n_slots = MAX_NUM_REQS
-    out = {}
-    # The target's sampler, also when it verifies MTP drafts (sample/sampler.py:357: is_drafting=False); only
-    # probabilistic draft sampling (draft logits kept, a non-default flag) passes is_drafting=True
-    # (spec_decode/speculator.py:473), and with it logits_cache: not a default-deployment call.
-    sampled = _m["gumbel"].gumbel_sample(
-        logits, idx, temperature, torch.arange(n_slots, dtype=torch.int64, device=device), pos.to(torch.int64),
-        apply_temperature=False, is_drafting=False)
-    out["sampled"] = sampled
-    lp = _m["logprob"]
-    token_ids = torch.cat([sampled.view(-1, 1).to(torch.int64),
-                           torch.randint(0, VOCAB, (num_tokens, 4), generator=g, device=device)], dim=1)
-    out["token_logprobs"] = lp.compute_token_logprobs(logits, token_ids)
-    return out
+def _gumbel(state: dict) -> dict[str, torch.Tensor]:
+    """Gumbel sampling (sampler.py:350) of the processed logits.
+
+    The target's sampler, also when it verifies MTP drafts (sample/sampler.py:357: is_drafting=False); only
+    probabilistic draft sampling (draft logits kept, a non-default flag) passes is_drafting=True
+    (spec_decode/speculator.py:473), and with it logits_cache: not a default-deployment call."""
+    states = state["states"]
+    state["sampled"] = _m["gumbel"].gumbel_sample(state["processed"], state["idx"], states.temperature.gpu,
+                                                  states.seeds.gpu, state["pos"], apply_temperature=False,
+                                                  is_drafting=False)
+    return {"sampled": state["sampled"]}
+
+
+def _logprobs(state: dict) -> dict[str, torch.Tensor]:
+    """Logprobs in the default raw_logprobs mode: compute_topk_scores on the raw model logits (sampler.py:171-186;
+    "raw_logprobs" is not in PROCESSED_LOGPROBS_MODES, so the processed fp32 copy is not what it reads)."""
+    idx_np = state["idx_np"]
+    num_logprobs = state["states"].max_num_logprobs(idx_np)  # sampler.py:123 (get_logprobs_dims)
+    cu = None
+    if len(idx_np) != len(set(idx_np.tolist())):  # expanded rows: cu_num_logits per request (sampler.py:175)
+        counts = collections.Counter(idx_np.tolist())
+        cu = [0]
+        for slot in dict.fromkeys(idx_np.tolist()):
+            cu.append(cu[-1] + counts[slot])
+    scores = _m["logprob"].compute_topk_scores(state["raw"], num_logprobs, state["sampled"], cu,
+                                               max_per_req_token_ids=0, logits_mode=False)
+    return {"logprob_token_ids": scores.logprob_token_ids, "logprobs": scores.logprobs,
+            "ranks": scores.selected_token_ranks}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,6 +569,8 @@ def _model_step(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
         if "slot_mappings" in meta:
             out.update(_site(f"compressor states c{ratio}/{head}",
                              lambda: compressor_state(batch, seed, ratio, head, meta)))
+    out.update(_site("KV block zeroing", lambda: kv_block_zeroing(batch, seed)))
+    out.update(_site("indexer short-context top-k", lambda: short_context_topk(batch, seed)))
     if any(n > 1 for n in batch.scheduled):
         out.update(_site("combine top-k + SWA", lambda: sparse_prefill_ops(batch, seed)))
         if "block_table_0" in meta:
@@ -399,7 +585,7 @@ def prefill(device: str, seed: int) -> dict[str, torch.Tensor]:
 def decode(device: str, seed: int) -> dict[str, torch.Tensor]:
     batch = Batch([37, 300, 1100, 45, 4000, 77, 129, 511], [1] * 8, device)
     out = _model_step(batch, seed)
-    out.update(sampling(batch.num_tokens, device, seed))
+    out.update(sampling(_slots(batch), [0] * batch.num_reqs, device, seed))
     return out
 
 
@@ -412,12 +598,21 @@ def mtp_draft_and_verify(device: str, seed: int) -> dict[str, torch.Tensor]:
     batch = Batch([39, 302, 1101, 46], [2, 2, 2, 2], device)
     out = _model_step(batch, seed)
     out.update(indexer_decode_pack(batch, seed))
-    out.update(sampling(batch.num_tokens, device, seed))
+    # The rejection sampler's logits rows: every request's slot repeated per query token (expanded_idx_mapping,
+    # input_batch.py:752), local positions 0..k.
+    slots = [s for s, n in zip(_slots(batch), batch.scheduled) for _ in range(n)]
+    out.update(sampling(slots, [j for n in batch.scheduled for j in range(n)], device, seed))
     return out
 
 
 def sampling_all_options(device: str, seed: int) -> dict[str, torch.Tensor]:
-    return sampling(40, device, seed)
+    """72 requests: above topk_topp_triton's _SPLIT_MAX_BATCH (64), so top-p runs in the monolithic kernel (the
+    decode and MTP steps, 8 rows, take the split top-p pipeline)."""
+    return sampling([3 + 5 * i for i in range(72)], [0] * 72, device, seed)
+
+
+def _slots(batch: Batch) -> list[int]:
+    return [int(s) for s in batch.idx_mapping().tolist()]
 
 
 STEPS = {

@@ -14,10 +14,15 @@ Two fresh processes run the same steps on the same seeded inputs:
   jit:    Triton's JIT (no nojit);
   loader: nojit installed in strict mode from the bundle, CUDA_DISABLE_PTX_JIT=1, an empty Triton
           cache, an audit hook counting processes, Triton's jit_post_compile_hook counting compiles.
-Every launch goes through a tracer wrapped around the kernel's `run`: before the launch it poisons
-the tensors the kernel only stores to (all bits set: NaN, -1), snapshots the ones it reads and
-writes; after it, counts elements written (changed from the poison / from the snapshot) and hashes
-every output. In the loader run it also keys the call exactly as the loader does and says how it is
+Every launch goes through a tracer wrapped around the kernel's `run`. Before the launch it snapshots
+every tensor argument (the pre-state: the data the step put there, known and hashed) and poisons
+the tensors the kernel only stores to (every byte 0x5A: 1.5e16 as a float, 0x5A5A5A5A as an int,
+values no kernel here writes); after it, it counts the elements written (changed from the poison,
+for store-only tensors; changed from the pre-state, for tensors the kernel also reads or that it
+writes in place), puts the pre-state back into store-only elements the launch left poisoned (a
+kernel that stores sparsely into a live buffer, as bad words into the logits, must leave the rest
+as vLLM would) and hashes every output. A launch is identical to the JIT's when its outputs, its
+written counts and its inputs' pre-state hashes all match. In the loader run it also keys the call exactly as the loader does and says how it is
 served (exact / generic / miss); these observed keys are written as JSONL (the format of
 NOJIT_MODE=record, readable by `nojit build --add-keys` and `nojit coverage --observed`).
 Launches are compared by (step, kernel, n-th launch of that kernel in the step), and output tables of
@@ -25,7 +30,8 @@ device addresses (uint64) are not hashed (addresses differ between processes; th
 A launch whose key the bundle lacks is not launched in the loader run (strict mode would abort the
 step): it is recorded as missing and what the JIT's launch wrote is copied in, so the rest of the
 step still runs and is compared.
-A kernel fails if a key's launches wrote nothing (vacuous), if any launch differs from the JIT,
+A kernel fails if a key's launches wrote nothing (vacuous: for in-place kernels, nothing changed from
+the pre-state, which means the step's inputs are wrong), if any launch differs from the JIT,
 on any compile or process in the loader run, or if a step reached a key the bundle lacks.
 """
 
@@ -53,14 +59,20 @@ STORES = ("store", "atomic_add", "atomic_max", "atomic_min", "atomic_xchg", "ato
           "atomic_and", "atomic_xor")
 
 
-def _aliased(fn: Any, calls: tuple[str, ...]) -> set[str]:
-    """Parameters reached as the base of `calls` through local names assigned from them (any depth)."""
+def _param_names(fn: Any) -> list[str]:
+    return [p.name for p in fn.params] if hasattr(fn, "params") else list(fn.arg_names)
+
+
+def _reached(fn: Any, calls: tuple[str, ...], depth: int = 0) -> set[str]:
+    """Parameters reaching the base address of `calls` (tl.store, tl.load, atomics): directly, through local
+    names assigned from them (`row_ptr = out_ptr + i * stride`, any depth) and through @jit helpers (JIT or
+    interpreted) they are passed to, positionally or by keyword."""
     import ast
     import inspect
     import textwrap
 
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn.fn)))
-    params = {p.name for p in fn.params}
+    params = _param_names(fn)
     alias: dict[str, str] = {p: p for p in params}
 
     def root(node: ast.AST) -> str | None:
@@ -76,9 +88,20 @@ def _aliased(fn: Any, calls: tuple[str, ...]) -> set[str]:
                     alias[node.targets[0].id] = r
     out = set()
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in calls
-                and node.args and (r := root(node.args[0])) is not None):
-            out.add(r)
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr in calls and node.args:
+            if (r := root(node.args[0])) is not None:
+                out.add(r)
+        elif isinstance(node.func, ast.Name) and depth < 4:
+            helper = fn.fn.__globals__.get(node.func.id)
+            if helper is None or not hasattr(helper, "fn") or not (hasattr(helper, "params")
+                                                                   or hasattr(helper, "arg_names")):
+                continue
+            used = _reached(helper, calls, depth + 1)
+            names = _param_names(helper)
+            passed = [*zip(names, node.args), *((kw.arg, kw.value) for kw in node.keywords)]
+            out |= {r for name, arg in passed if name in used and (r := root(arg)) is not None}
     return out
 
 
@@ -101,19 +124,21 @@ class LaunchTracer:
         self.replay: dict[tuple[str, str, int], dict[str, Any]] = {}
 
     def _io(self, fn: Any) -> tuple[set[str], set[str]]:
-        """(store-only parameters, read-and-written parameters) of the kernel: triton_harness's analysis
-        (following @jit helpers) plus stores through local aliases (`row_ptr = out_ptr + i * stride`)."""
+        """(store-only parameters, read-and-written parameters) of the kernel: triton_harness's analysis plus
+        _reached's (local aliases, helpers of interpreted kernels too). A parameter read anywhere is never poisoned
+        (poison read back would change what the kernel computes)."""
         from triton_harness import _stored_params
 
         got = self._params.get(id(fn))
         if got is None:
-            if not hasattr(fn, "params"):  # TRITON_INTERPRET=1: an InterpretedFunction
-                fn = _Interpreted(fn)
-            names = [p.name for p in fn.params]
-            stored = {names[i] for i in _stored_params(fn)} | _aliased(fn, STORES)
+            names = _param_names(fn)
+            stored = _reached(fn, STORES)
             # Atomics read what they update: their targets are never poisoned.
             reads = ("load", *STORES[1:])
-            loaded = {names[i] for i in _stored_params(fn, calls=reads)} | _aliased(fn, reads)
+            loaded = _reached(fn, reads)
+            if hasattr(fn, "params"):
+                stored |= {names[i] for i in _stored_params(fn)}
+                loaded |= {names[i] for i in _stored_params(fn, calls=reads)}
             got = (stored - loaded, stored & loaded)
             self._params[id(fn)] = got
         return got
@@ -152,9 +177,11 @@ class LaunchTracer:
                 return self._stand_in(row, at, outs, inouts)
         else:  # key the call as Triton would: listed against the plan, and named where the loader never got there
             row.update(self._interpreted_key(fn, args, kwargs))
+        before = {n: _bits(t).clone() for n, t in {**outs, **inouts}.items()}
+        # The inputs' pre-state (store-only outputs excluded: what a fresh allocation holds is not an input)
+        row["pre"] = {n: _digest(before[n]) for n, t in inouts.items() if t.dtype != torch.uint64}
         for t in outs.values():
-            _bits(t).fill_(-1)
-        before = {n: _bits(t).clone() for n, t in inouts.items()}
+            _bits(t).fill_(_poison_of(t))
         if VERBOSE:
             print(f"launch {self.step} {kid} grid={grid if not callable(grid) else 'fn'}", file=sys.stderr, flush=True)
         try:
@@ -165,12 +192,17 @@ class LaunchTracer:
             raise
         if self.device == "cuda":
             torch.cuda.synchronize()
-        written = {n: int((_bits(t) != -1).sum()) for n, t in outs.items()}
+        untouched = {n: _bits(t) == _poison_of(t) for n, t in outs.items()}
+        written = {n: int(t.numel() - untouched[n].sum()) for n, t in outs.items()}
         written.update({n: int((_bits(t) != before[n]).sum()) for n, t in inouts.items()})
         row["written"] = written
-        # uint64 tables hold device addresses, which differ between the two processes: their targets are
-        # compared instead (the step registers them as indirect tensors).
+        row["in_place"] = sorted(n for n in inouts if written[n])  # updated where it was read: pre-state compared
+        # Hashed as the launch left them (store-only outputs: poison where it did not store). uint64 tables hold
+        # device addresses, which differ between the two processes: their targets are compared instead (the step
+        # registers them as indirect tensors).
         row["hashes"] = {n: _digest(t) for n, t in {**outs, **inouts}.items() if t.dtype != torch.uint64}
+        for n, t in outs.items():  # what the launch did not store: the pre-state again, as the step had it
+            _bits(t)[untouched[n]] = before[n][untouched[n]]
         self.launches.append(row)
         if self.role == "jit":
             self.replay[at] = {n: t.detach().cpu().clone() for n, t in {**outs, **inouts}.items() if written[n]}
@@ -181,9 +213,7 @@ class LaunchTracer:
         as missing, and what the JIT's launch wrote copied in so the step's later launches still compare."""
         saved = self.replay.get(at)
         row.update(written={}, hashes=None, replayed=saved is not None)
-        for t in outs.values():  # as the JIT run left them: poisoned, then what its launch wrote
-            _bits(t).fill_(-1)
-        tensors = {**outs, **inouts}
+        tensors = {**outs, **inouts}  # as the JIT run left them: the pre-state, and what its launch wrote
         for n, t in (saved or {}).items():
             if n in tensors and tensors[n].shape == t.shape and tensors[n].dtype == t.dtype:
                 tensors[n].copy_(t.to(tensors[n].device))
@@ -234,19 +264,18 @@ class LaunchTracer:
         return {"key": key_to_json(key), "outcome": outcome, "source_hash": server.record.source_hash}
 
 
-class _Interpreted:
-    """The parts of a JITFunction triton_harness reads (params, fn, __globals__), for an InterpretedFunction."""
+POISON = 0x5A  # every byte of a store-only output before its launch
 
-    def __init__(self, fn: Any) -> None:
-        import types
 
-        self.fn = fn.fn
-        self.params = [types.SimpleNamespace(name=n) for n in fn.arg_names]
-        self.__globals__ = fn.fn.__globals__
+def _poison_of(t: Any) -> int:
+    """The poison as an element of _bits(t): 0x5A in every byte (a signed integer of the element's width)."""
+    width = t.element_size()
+    value = int.from_bytes(bytes([POISON]) * width, "little")
+    return value - (1 << (8 * width)) if value >= 1 << (8 * width - 1) else value
 
 
 def _bits(t: Any) -> Any:
-    """The tensor's bits as signed integers of the same width (a view: fill_(-1) poisons every bit)."""
+    """The tensor's bits as signed integers of the same width (a view: writing it writes the tensor)."""
     import torch
 
     width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
@@ -269,6 +298,8 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import triton
 
+    if interpret and not torch.cuda.is_available():  # CPU validation: vLLM's eager-only branches ask this
+        torch.cuda.is_current_stream_capturing = lambda: False
     from vllm_mount import mount
 
     finder = mount(args.vllm_src)
@@ -411,10 +442,25 @@ def _by_ordinal(launches: list[dict]) -> dict[tuple[str, str, int], dict]:
     return out
 
 
-def compare(jit: dict, loader: dict | None) -> tuple[list[dict], bool]:
-    """Per kernel: keys reached, keys whose launches wrote, launches identical, outcomes. And overall ok."""
+def planned_keys(path: str) -> dict[str, set[str]]:
+    """kernel id -> canonical JSON of each exact key a plan (`nojit build --emit-plan`) declares."""
+    from nojit.aot.plan import Plan
+    from nojit.loader.bundle_file import canonical_json
+
+    out: dict[str, set[str]] = collections.defaultdict(set)
+    for r in Plan.read(path).requests:
+        if r.variant == "exact":
+            out[r.kernel].add(canonical_json(r.key).decode())
+    return out
+
+
+def compare(jit: dict, loader: dict | None, planned: dict[str, set[str]] | None = None) -> tuple[list[dict], bool]:
+    """Per kernel: keys reached, keys whose launches wrote, launches identical, outcomes, planned. And overall ok."""
+    from nojit.loader.bundle_file import canonical_json
+
     per: dict[str, dict] = collections.defaultdict(lambda: {
-        "launches": 0, "identical": 0, "keys": {}, "written_launches": 0})
+        "launches": 0, "identical": 0, "keys": {}, "written_launches": 0, "writes": set(), "in_place": set(),
+        "differ": []})
     jl = _by_ordinal(jit["launches"])
     ll = _by_ordinal(loader["launches"]) if loader else {}
     ok = not loader or set(ll) <= set(jl)  # the loader launched nothing the JIT did not
@@ -424,30 +470,44 @@ def compare(jit: dict, loader: dict | None) -> tuple[list[dict], bool]:
         k["launches"] += 1
         wrote = sum(j["written"].values()) > 0
         k["written_launches"] += wrote
+        k["writes"] |= {n for n, c in j["written"].items() if c}
+        k["in_place"] |= set(j.get("in_place", ()))
         if loader is not None and lo is None:  # the loader run never got there: not identical, key unknown
             lo = {"key": j.get("key"), "outcome": "not reached", "written": {}, "hashes": None}
         src = lo if lo is not None else j  # the loader keys every call; an interpreted JIT run keys them too
         if lo is not None:
-            k["identical"] += (j["hashes"] is not None and lo["hashes"] == j["hashes"]
-                               and lo.get("outcome") in ("exact", "generic"))
+            # same inputs (pre-state), same elements written, same outputs, and served from the bundle
+            why = [what for what, same in (
+                ("outputs", j["hashes"] is not None and lo["hashes"] == j["hashes"]),
+                ("elements written", lo["written"] == j["written"]), ("inputs (pre-state)", lo.get("pre") == j.get("pre")),
+                (f"served: {lo.get('outcome')}", lo.get("outcome") in ("exact", "generic"))) if not same]
+            k["identical"] += not why
+            if why:
+                k["differ"].append(f"{at[0]} #{at[2]}: " + ", ".join(why))
         else:
             k["identical"] += 1
         keytext = json.dumps(src.get("key"), sort_keys=True)
         entry = k["keys"].setdefault(keytext, {"outcome": src.get("outcome", "-"), "written": False,
                                                "key": src.get("key"), "source_hash": src.get("source_hash")})
+        if planned is not None:
+            entry["planned"] = (src.get("key") is not None
+                                and canonical_json(src["key"]).decode() in planned.get(j["kernel"], ()))
         entry["written"] |= wrote and (lo is None or sum(lo["written"].values()) > 0)
     rows = []
     for kid, k in sorted(per.items()):
         outcomes = collections.Counter(v["outcome"] for v in k["keys"].values())
         nkeys = len(k["keys"])
         written_keys = sum(v["written"] for v in k["keys"].values())
+        unplanned = sum(not v.get("planned", True) for v in k["keys"].values())
         kernel_ok = (written_keys == nkeys and k["identical"] == k["launches"] and outcomes.get("miss", 0) == 0
-                     and outcomes.get("not reached", 0) == 0)
+                     and outcomes.get("not reached", 0) == 0 and unplanned == 0)
         ok &= kernel_ok
         rows.append({"kernel": kid, "keys": nkeys, "written": written_keys, "launches": k["launches"],
                      "identical": k["identical"], "exact": outcomes.get("exact", 0),
                      "generic": outcomes.get("generic", 0), "missing": outcomes.get("miss", 0),
-                     "not_reached": outcomes.get("not reached", 0), "ok": kernel_ok,
+                     "not_reached": outcomes.get("not reached", 0),
+                     "planned": None if planned is None else nkeys - unplanned, "ok": kernel_ok,
+                     "writes": sorted(k["writes"]), "in_place": sorted(k["in_place"]), "differ": k["differ"],
                      "key_list": list(k["keys"].values())})
     return rows, ok
 
@@ -459,6 +519,7 @@ def main() -> int:
     ap.add_argument("--interpret", action="store_true", help="CPU, TRITON_INTERPRET=1: the JIT role only")
     ap.add_argument("--observed", help="write the observed keys here (JSONL, NOJIT_MODE=record format)")
     ap.add_argument("--json", help="write the full report here")
+    ap.add_argument("--plan", help="a plan (`nojit build --emit-plan`): every reached key must be in it")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--steps", help="comma-separated step names (default: all)")
     ap.add_argument("--list-sources", action="store_true",
@@ -494,7 +555,7 @@ def main() -> int:
         for name, s in r["steps"].items():
             status = "ok" if s["ok"] else "ERROR " + s["error"].splitlines()[0][:150]
             print(f"  {role:6} step {name:24} {s['launches']:4} launches  {status}")
-    rows, ok = compare(jit, loader)
+    rows, ok = compare(jit, loader, planned_keys(args.plan) if args.plan else None)
     steps_ok = all(s["ok"] for r in (jit, loader) if r for s in r["steps"].values())
     compiles = (len(loader["compiles"]) + len(loader["guard_attempts"])) if loader else 0
     procs = len(loader["processes"]) if loader else 0
@@ -504,25 +565,36 @@ def main() -> int:
         write_observed(args.observed, rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"seed": args.seed, "rows": rows, "jit": jit, "loader": loader}, f)
+            steps = {role: {n: {"ok": st["ok"], "launches": st["launches"], "error": st.get("error")}
+                            for n, st in r["steps"].items()} for role, r in (("jit", jit), ("loader", loader)) if r}
+            json.dump({"seed": args.seed, "result": "PASS" if ok else "FAIL", "compiles": compiles,
+                       "processes": procs, "steps": steps, "rows": rows, "jit": jit, "loader": loader}, f)
     print(f"\nRESULT: {'PASS' if ok else 'FAIL'} ({len(rows)} kernels reached, {sum(r['keys'] for r in rows)} keys"
           f"{', JIT only (interpret)' if loader is None else ''})")
     return 0 if ok else 1
 
 
 def print_table(rows: list[dict], compiles: int, procs: int, with_loader: bool) -> None:
-    header = ("kernel", "keys", "written", "launches", "identical", "compiles/procs", "exact", "generic", "missing",
-              "not reached")
-    lines = []
+    """The per-kernel table as Markdown (pasted as is into bench/RESULTS.md)."""
+    header = ("kernel", "keys", "written", "launches identical", "compiles/procs", "exact", "generic", "missing",
+              "planned", "writes (in place)", "ok")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
     for r in rows:
-        name = r["kernel"].rpartition(":")[2] + "  (" + r["kernel"].partition(":")[0].rpartition(".")[2] + ")"
-        lines.append((name, r["keys"], f"{r['written']}/{r['keys']}", r["launches"],
-                      f"{r['identical']}/{r['launches']}" if with_loader else "-",
-                      f"{compiles}/{procs}" if with_loader else "-", r["exact"], r["generic"], r["missing"],
-                      r.get("not_reached", 0)))
-    widths = [max(len(str(x[i])) for x in [header, *lines]) for i in range(len(header))]
-    for line in [header, tuple("-" * w for w in widths), *lines]:
-        print("  ".join(str(c).ljust(w) for c, w in zip(line, widths)))
+        name = f"`{r['kernel'].rpartition(':')[2]}` ({r['kernel'].partition(':')[0].rpartition('.')[2]})"
+        writes = ", ".join(f"{n}*" if n in r["in_place"] else n for n in r["writes"]) or "nothing"
+        cells = (name, r["keys"], f"{r['written']}/{r['keys']}",
+                 f"{r['identical']}/{r['launches']}" if with_loader else f"- ({r['launches']})",
+                 f"{compiles}/{procs}" if with_loader else "-", r["exact"], r["generic"],
+                 r["missing"] + r.get("not_reached", 0),
+                 "-" if r.get("planned") is None else f"{r['planned']}/{r['keys']}", writes,
+                 "yes" if r["ok"] else "**no**")
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+    print("(written: keys whose launches changed some output element, in both runs; * = updated in place, counted "
+          "against the pre-state; missing includes launches the loader run never reached)")
+    for r in rows:
+        for line in r["differ"][:5]:
+            print(f"  not identical: {r['kernel'].rpartition(':')[2]} {line}")
 
 
 def write_observed(path: str, rows: list[dict]) -> None:

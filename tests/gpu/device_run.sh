@@ -86,7 +86,7 @@ PY
       ;;
     callsites)
       [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
-      python3 tests/gpu/check_call_sites.py --bundle $W/triton.nojit --vllm-src .device/vllm_src \
+      python3 tests/gpu/check_call_sites.py --bundle $W/triton.nojit --vllm-src .device/vllm_src --plan "$PLAN" \
         --observed "$OUT/observed_keys.jsonl" --json "$OUT/check_call_sites.json" 2>&1 | tail -80 || rc=1
       python3 -m nojit.aot.cli coverage $W/triton.nojit --plan "$PLAN" --observed "$OUT/observed_keys.jsonl" \
         2>&1 | sed -n '/observed keys/,$p' | tail -80 || rc=1

@@ -157,6 +157,13 @@ def _stub_any(m: types.ModuleType) -> None:
     m.__getattr__ = __getattr__  # type: ignore[attr-defined]
 
 
+def _stub_forward_context(m: types.ModuleType) -> None:
+    """get_forward_context() returns CURRENT, whose attn_metadata a step sets around a layer's forward."""
+    m.CURRENT = types.SimpleNamespace(attn_metadata=None)
+    m.get_forward_context = lambda: m.CURRENT
+    _stub_any(m)
+
+
 def _stub_triton_importing(m: types.ModuleType) -> None:
     m.HAS_TRITON = True  # as on the device; vLLM's probe says False on a box whose Triton has no active driver
     _stub_any(m)
@@ -169,7 +176,7 @@ STUBS = {
     "vllm.config": _stub_any,
     "vllm.distributed": _stub_any,
     "vllm.sampling_params": _stub_any,
-    "vllm.forward_context": _stub_any,
+    "vllm.forward_context": _stub_forward_context,
     "vllm.vllm_flash_attn": _stub_any,
     "vllm._custom_ops": _stub_any,
     "vllm._aiter_ops": _stub_any,
@@ -179,6 +186,25 @@ STUBS = {
     "vllm.utils.network_utils": _stub_any,
     "vllm.utils.flashinfer": _stub_any,
     "vllm.v1.core.sched": _stub_any,
+    # v1/worker/utils.py (KVBlockZeroer's module) imports these for other helpers of that module
+    "vllm.model_executor.layers.attention": _stub_any,
+    "vllm.model_executor.layers.mamba": _stub_any,
+    "vllm.model_executor.layers.utils": _stub_any,
+    "vllm.model_executor.models.interfaces": _stub_any,
+    "vllm.model_executor.models.utils": _stub_any,
+    "vllm.v1.core.kv_cache_utils": _stub_any,
+    # models/deepseek_v4/attention.py (the indexer forward that launches _fill_short_context_topk_indices) imports
+    # these for its layers' weights and other paths; the short-context branch driven reads none of them
+    "vllm.compilation.breakable_cudagraph": _stub_any,
+    "vllm.model_executor.layers.linear": _stub_any,
+    "vllm.model_executor.layers.sparse_attn_indexer": _stub_any,
+    "vllm.model_executor.model_loader": _stub_any,
+    "vllm.model_executor.layers.fusion": _stub_any,
+    "vllm.model_executor.layers.layernorm": _stub_any,
+    "vllm.models.deepseek_v4.common.rope": _stub_any,
+    "vllm.models.deepseek_v4.compressor": _stub_any,
+    "vllm.utils.multi_stream_utils": _stub_any,
+    "vllm.v1.attention.backends.mla.sparse_swa": _stub_any,
     # third-party packages the device does not have, imported only for configs and types
     "transformers": _stub_any,
     "PIL": _stub_any,
