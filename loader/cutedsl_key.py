@@ -122,7 +122,28 @@ def key_text(key_json: Any) -> str:
         return str(key_json)[:300]
 
 
-def source_hash(module: Any) -> str:
-    """sha256 of the text of the vLLM module that defines the kernel (its kernel body, launch and key)."""
-    with open(module.__file__, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+def source_hash(modules: list[Any]) -> str:
+    """sha256 over the text of the vLLM modules that define the kernel (the owner's module first: its kernel
+    body, launch and key; then the modules its kernel body is built from, as the kernel record lists them)."""
+    h = hashlib.sha256()
+    for module in modules:
+        with open(module.__file__, "rb") as f:
+            data = f.read()
+        h.update(f"{module.__name__}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+# vLLM's router GEMM owner (model_executor/kernels/linear/cute_dsl/ll_bf16.py:112-115, 246-268) keeps dot-product
+# executors under (M, K, bs, output_dtype) and split-K ones under (split_k, num_stages, output_dtype).
+LL_BF16_CLASS = "vllm.model_executor.kernels.linear.cute_dsl.ll_bf16:LLBf16Gemm"
+
+
+def cache_slot(owner: Any, key: Any) -> tuple[dict, Any]:
+    """Where vLLM's owner keeps the executor of `key`: (the dict, the dict key)."""
+    cls = type(owner)
+    if f"{cls.__module__}:{cls.__qualname__}" == LL_BF16_CLASS:
+        if key.backend == "splitk":
+            return owner._splitk_cache, (key.split_k, key.num_stages, key.output_dtype)
+        return owner._compiled_cache, (key.M, key.K, key.bs, key.output_dtype)
+    return owner._compiled_cache, key  # VllmCuTeDSLJitKernel (warmup/jit_warmup.py _get_or_compile)

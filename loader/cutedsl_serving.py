@@ -14,6 +14,7 @@ let vLLM's own compile run (record writes the key for `nojit build --add-keys`).
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 import sys
@@ -22,14 +23,14 @@ import threading
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle
-from nojit.loader.cutedsl_key import key_from_json, key_text, key_to_json, source_hash
+from nojit.loader.cutedsl_key import cache_slot, key_from_json, key_text, key_to_json, source_hash
 from nojit.loader.errors import BundleMismatchError, LaunchError
 from nojit.loader.manifest import CuteLaunch, Entry, KernelRecord
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.versions import check_source
 
 RUNTIME = "cutedsl"
-TOOLS = ("nvidia-cutlass-dsl", "apache-tvm-ffi")  # what wrote the object files and what loads them
+TOOLS = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")  # what wrote and traced the objects, what loads them
 
 
 class CuteKernelServer:
@@ -58,8 +59,8 @@ class CuteKernelServer:
 
     def compile(self, compile_key: Any) -> None:
         """Stands in for the owner's `compile(compile_key)`."""
-        cache = self.owner._compiled_cache
-        if compile_key in cache:
+        cache, slot = cache_slot(self.owner, compile_key)
+        if slot in cache:
             return
         entry = self.entries.get(compile_key)
         if entry is None:
@@ -71,8 +72,8 @@ class CuteKernelServer:
                              "CuTeDSL key not bundled")
             return self.original_compile(compile_key)  # permissive / record: vLLM compiles it
         with self._lock:
-            if compile_key not in cache:
-                cache[compile_key] = self._load(entry)
+            if slot not in cache:
+                cache[slot] = self._load(entry)
         if self.policy.recording:
             self.policy.served(self.kernel_id, RUNTIME, lambda: entry.key, "exact", self.record.source_hash)
 
@@ -126,6 +127,17 @@ def check_tools(record: KernelRecord, bundle_path: str) -> None:
                                   fix="install the versions the bundle names, or rebuild the bundle with these")
 
 
+def _source_modules(record: KernelRecord, owner: Any, bundle_path: str) -> list[Any]:
+    """The vLLM modules the record's source hash covers (owner's module first), imported."""
+    names = record.info.get("sources") or [type(owner).__module__]
+    if (not isinstance(names, list) or names[0] != type(owner).__module__
+            or not all(isinstance(n, str) and n.startswith("vllm.") and all(p.isidentifier() for p in n.split("."))
+                       for n in names)):
+        raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path}: its source list {str(names)[:200]} "
+                                  "does not start with the owner's vLLM module", fix="rebuild the bundle with `nojit build`")
+    return [sys.modules.get(n) or importlib.import_module(n) for n in names]
+
+
 def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow: frozenset[str],
             resolve: Any) -> dict[str, CuteKernelServer]:
     """A server on each bundled owner's `compile` (instance attribute: this owner only)."""
@@ -133,10 +145,11 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow:
     for kid in kernel_ids:
         record = bundle.manifest.kernels[kid]
         owner = resolve(kid)
-        if not hasattr(owner, "_compiled_cache") or not callable(getattr(owner, "compile", None)):
+        if not isinstance(getattr(owner, "_compiled_cache", None), dict) or not callable(getattr(owner, "compile", None)):
             raise BundleMismatchError(f"kernel {kid} is not a vLLM CuTeDSL owner in this process",
                                       fix="rebuild the bundle against the installed vLLM")
-        check_source(kid, record.source_hash, source_hash(sys.modules[type(owner).__module__]), bundle.path, allow)
+        check_source(kid, record.source_hash, source_hash(_source_modules(record, owner, bundle.path)), bundle.path,
+                     allow)
         check_tools(record, bundle.path)
         server = CuteKernelServer(kid, owner, record, bundle.entries(kid), bundle, policy)
         owner.compile = server.compile

@@ -11,15 +11,17 @@ imported and checked again before every compile.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from nojit.aot.errors import BuildError
 from nojit.aot.target import TARGET
 from nojit.loader.bundle_file import canonical_json
-from nojit.loader.cutedsl_key import key_from_json
+from nojit.loader.cutedsl_key import cache_slot, key_from_json
 
 ARCH_VAR = "CUTE_DSL_ARCH"
 
@@ -38,6 +40,25 @@ def _check_arch() -> None:
                          fix=f"set {ARCH_VAR}={TARGET.arch} before cutlass is imported (the build does this)")
 
 
+@contextlib.contextmanager
+def _placeholder_stream() -> Iterator[None]:
+    """The router GEMM compiles with `CUstream(current_stream().cuda_stream)` as its stream argument
+    (_ll_router_common.py:46-50): a typed placeholder for cute.compile (its value is not compiled in), which
+    torch cannot give without a GPU; stream 0 stands in for it here (build process only)."""
+    import torch
+    import vllm.utils.torch_utils as torch_utils
+
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch_utils.current_stream
+    torch_utils.current_stream = lambda: type("Stream", (), {"cuda_stream": 0})()
+    try:
+        yield
+    finally:
+        torch_utils.current_stream = original
+
+
 def export_symbol(kernel_id: str, key_json: Any) -> str:
     """The exported function's name: unique per kernel and key, the same in every build."""
     return "nojit_cute_" + hashlib.sha256(kernel_id.encode() + b"\0" + canonical_json(key_json)).hexdigest()[:24]
@@ -53,9 +74,11 @@ def compile_and_export(owner: Any, kernel_id: str, key_json: Any) -> tuple[bytes
 
     _check_arch()
     key = key_from_json(key_json, key_class(owner))
-    owner._compiled_cache.pop(key, None)
-    owner.compile(key)  # vLLM's own compile path
-    executor = owner._compiled_cache.get(key)
+    cache, slot = cache_slot(owner, key)
+    cache.pop(slot, None)
+    with _placeholder_stream():
+        owner.compile(key)  # vLLM's own compile path
+    executor = cache.get(slot)
     if executor is None or not hasattr(executor, "export_to_c"):
         raise BuildError(f"{kernel_id}.compile({key!r}) left no exportable executor in _compiled_cache",
                          fix="this vLLM's CuTeDSL owner differs from 0.33.0's; report it to nojit")

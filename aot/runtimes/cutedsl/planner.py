@@ -36,6 +36,7 @@ class CuteOwner:
     owner: str  # "module:attribute" of vLLM's VllmCuTeDSLJitKernel object
     registrations: Callable[[Deployment], list[dict[str, Any]]]  # register_warmup kwargs per call site; [] = not reached
     site: str  # where vLLM registers it
+    sources: tuple[str, ...] = ()  # vLLM modules besides the owner's that its kernel body is built from
     groups: tuple[str, ...] = ("dsv4",)
 
 
@@ -87,10 +88,14 @@ def warmup_keys(owner: Any, registration: dict[str, Any], vllm_config: Any) -> l
     return list(owner.get_warmup_keys(**kwargs))
 
 
+def _modules(names: list[str]) -> list[Any]:
+    return [_import_owner_module(name) for name in names]
+
+
 def tool_versions() -> dict[str, str]:
     """The packages that shape a CuTeDSL object file and load it; the loader compares them."""
     return {"nvidia-cutlass-dsl": package_version("nvidia-cutlass-dsl"),
-            "apache-tvm-ffi": package_version("apache-tvm-ffi")}
+            "apache-tvm-ffi": package_version("apache-tvm-ffi"), "quack-kernels": package_version("quack-kernels")}
 
 
 def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
@@ -117,11 +122,13 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
                                  f"{type(exc).__name__}: {exc}", fix="check the deployment values") from exc
         if row.owner not in p.kernels:
             module = sys.modules[type(owner).__module__]
+            sources = [module.__name__, *row.sources]
             cls = key_class(owner)
             p.add_kernel(row.owner, PlanKernel(
-                runtime=NAME, source_hash=source_hash(module),
+                runtime=NAME, source_hash=source_hash(_modules(sources)),
                 params=[f.name for f in fields(cls)] if cls is not None else [],
                 info={"owner_class": f"{type(owner).__module__}:{type(owner).__qualname__}", "site": row.site,
+                      "sources": sources,
                       "file": os.path.basename(module.__file__), **tool_versions()},
             ))
         for key in keys:
@@ -141,8 +148,8 @@ def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, se
     """Runs in a build worker: compile one key with vLLM's owner, export it, return the bundle pieces."""
     owner = resolve_owner(kernel_id)
     data, symbol, options = compile_and_export(owner, kernel_id, request.key)
-    module = sys.modules[type(owner).__module__]
-    return CompileResult(cubin=data, launch=CuteLaunch(symbol, options), source_hash=source_hash(module),
+    sources = kernel.info.get("sources") or [type(owner).__module__]
+    return CompileResult(cubin=data, launch=CuteLaunch(symbol, options), source_hash=source_hash(_modules(sources)),
                          kernel_info=tool_versions())
 
 
