@@ -120,7 +120,8 @@ def warmup_through_bundle(registry: Any) -> None:
             if not strict:
                 return _orig(key)
             if not _served:  # never compiled in strict mode: listed, refused below
-                reason = "kernel not in the bundle" if _b == "CuTeDSL" else "nojit does not serve this JIT yet"
+                reason = ("CuTeDSL owner not in the bundle" if _b == "CuTeDSL" else
+                          "nojit does not serve this JIT yet")
                 unserved.append(Unserved(_b, _o, _short(key), reason))
                 return None
             try:

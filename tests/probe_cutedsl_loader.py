@@ -50,12 +50,20 @@ if _FLASH_ATTN not in sys.modules:
     shell.__spec__.submodule_search_locations = shell.__path__
     sys.modules[_FLASH_ATTN] = shell
 
+# As in tests/vllm_startup_scenario.py: vLLM sees the deployment's H200 (it cannot reach it), and vLLM's modules
+# are imported the way the build imports them (vllm._C, absent here, under vLLM's neutral platform).
+from nojit.aot.deployment import load_deployment  # noqa: E402
+from nojit.aot.vllm_env import import_kernel_module, install_deployment_platform  # noqa: E402
+
+install_deployment_platform(load_deployment().platform)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dry_launcher import install_dry_run  # noqa: E402  (device 0 stands for the GPU: CuTeDSL entries use no launcher)
+
+install_dry_run()
 b = Bundle.open(bundle_path)
 ids = [k for k, r in b.manifest.kernels.items() if r.runtime == "cutedsl"]
-import importlib  # noqa: E402
-
 for kid in ids:  # the vLLM modules (imports only; nothing is compiled at import)
-    importlib.import_module(kid.partition(":")[0])
+    import_kernel_module(kid.partition(":")[0])
 b.close()
 
 os.access(f"{marker}-BEGIN", os.F_OK)
@@ -83,10 +91,16 @@ for kid, server in inst.cutedsl.items():
                                           executor is cache[slot]])
 t_load = time.perf_counter() - t1
 missing: dict[str, str] = {}
-some = next(iter(inst.cutedsl.values()), None)
-if some is not None:
+
+def _int_field(key):
+    return next((f.name for f in dataclasses.fields(key) if type(getattr(key, f.name)) is int), None)
+
+
+some = next((s for s in inst.cutedsl.values() if hasattr(s.owner, "_get_or_compile")
+             and _int_field(next(iter(s.entries)))), None)
+if some is not None:  # a key the bundle lacks: one int field of a bundled key plus one
     key = next(iter(some.entries))
-    other = dataclasses.replace(key, **{dataclasses.fields(key)[0].name: getattr(key, dataclasses.fields(key)[0].name) + 1})
+    other = dataclasses.replace(key, **{_int_field(key): getattr(key, _int_field(key)) + 1})
     try:
         some.owner._get_or_compile(other)
         missing = {"raised": "nothing"}
@@ -94,11 +108,33 @@ if some is not None:
         missing = {"raised": type(exc).__name__, "message": exc.message, "fix": exc.fix}
     except NoJitError as exc:
         missing = {"raised": type(exc).__name__, "message": exc.message}
+# vLLM's real JIT warmup registry, through nojit's hook (the plugin installs it in a vLLM process): a fresh
+# server on each bundled registry owner, which vLLM's own model code registers, then registry.warmup().
+registry_report: dict = {}
+registry_owners = [s for s in inst.cutedsl.values() if hasattr(s.owner, "register_warmup")
+                   and "NORM_ROPE_STORE_KERNEL" not in s.kernel_id]  # that one registers with a layer prefix
+if registry_owners:
+    from nojit.aot.models.deepseek_v4.cutedsl_owners import make_cutedsl_vllm_config
+    from nojit.loader import vllm_registry
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    for s in registry_owners:  # forget what the loop above loaded: the registry must load it again
+        s.owner._compiled_cache.clear()
+    vllm_registry.hook()
+    registry = JitWarmupRegistry(make_cutedsl_vllm_config(load_deployment()))
+    with registry.activate():
+        for s in registry_owners:
+            s.owner.register_warmup()
+    registry.warmup()
+    r = vllm_registry.last_report
+    registry_report = {"keys": r.keys, "unserved": [u.__dict__ for u in r.unserved], "preloaded": r.preloaded,
+                       "cached": {s.kernel_id: len(s.owner._compiled_cache) for s in registry_owners},
+                       "server_still_on": all(s.owner.__dict__.get("compile") == s.compile for s in registry_owners)}
 watching = False
 os.access(f"{marker}-END", os.F_OK)
 print(json.dumps({
     "kernels": found, "entries": sum(len(v) for v in found.values()), "install_s": round(t_install, 3),
     "load_s": round(t_load, 3), "compile_attempts": list(guards.compile_attempts),
     "cute_compile_guarded": getattr(cute.compile, "__qualname__", "").startswith("_guard_cute"),
-    "processes": events, "missing": missing, "firewall": os.environ.get("NOJIT_FIREWALL_DIR"),
+    "processes": events, "missing": missing, "registry": registry_report, "firewall": os.environ.get("NOJIT_FIREWALL_DIR"),
 }))
