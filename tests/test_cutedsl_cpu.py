@@ -140,3 +140,11 @@ def test_source_change_is_refused(cute_build, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "NOJIT_QUIET": "1"})
     assert "REFUSED" in p.stdout and "source changed" in p.stdout, p.stderr[-2000:]
+
+
+def test_device_check_finds_the_embedded_cubins(cute_build):
+    """tests/gpu/check_cutedsl.py's CPU half: every exported object embeds an sm_90a cubin with its kernel."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "check_cutedsl.py"), "--bundle",
+                        cute_build["bundle"], "--list-only"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+    assert "2 CuTeDSL entries, 2 kernels, listed; 0 failed" in p.stdout
