@@ -72,10 +72,10 @@ CUTEDSL_OWNERS: tuple[CuteOwner, ...] = (
     # bf16 GateLinear shapes (k, n) (kernel_warmup.py:59-79); at run time M == 1 goes to `ll_bf16_gemm_c1_pdl_kernel`
     # instead (ll_bf16.py:336-350), which no warmup compiles: nojit bundles its one key too.
     CuteOwner(f"{LL}.ll_bf16:ll_bf16_gemm_kernel", lambda d: _router(d, range(1, 17)),
-              "model_executor/warmup/kernel_warmup.py:217 (router warmup, M 1..16)", LL_SOURCES),
+              "model_executor/warmup/kernel_warmup.py:217 (router warmup, M 1..16)", LL_SOURCES, origin="warmup"),
     CuteOwner(f"{LL}.ll_bf16:ll_bf16_gemm_c1_pdl_kernel", lambda d: _router(d, (1,)),
               "model_executor/kernels/linear/cute_dsl/ll_bf16.py:343 (M == 1 at run time; derived, not warmed)",
-              LL_SOURCES),
+              LL_SOURCES, origin="derived"),
 )
 
 

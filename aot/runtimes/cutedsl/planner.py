@@ -38,6 +38,7 @@ class CuteOwner:
     site: str  # where vLLM registers it
     sources: tuple[str, ...] = ()  # vLLM modules besides the owner's that its kernel body is built from
     groups: tuple[str, ...] = ("dsv4",)
+    origin: str = "registry"  # registry (JitWarmupRegistry), warmup (another vLLM warmup), derived (nojit's)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
                 key_json = key_to_json(key)
             except ValueError as exc:
                 raise BuildError(f"{row.owner}: {exc}", fix="this key cannot be bundled yet; report it to nojit") from None
-            p.add(PlanRequest(row.owner, key_json, "exact", f"registry:{row.owner}"))
+            p.add(PlanRequest(row.owner, key_json, "exact", f"{row.origin}:{row.owner}"))
 
 
 def prepare_worker(settings: WorkerSettings) -> None:
