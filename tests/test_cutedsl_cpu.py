@@ -150,3 +150,40 @@ def test_device_check_finds_the_embedded_cubins(cute_build):
                         cute_build["bundle"], "--list-only"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
     assert "2 CuTeDSL entries, 2 kernels, listed; 0 failed" in p.stdout
+
+
+RECORD = """
+import os, sys, json
+os.environ["CUTE_DSL_ARCH"] = "sm_90a"  # record mode lets vLLM compile the miss; on this CPU box, for sm_90a
+from nojit.aot.deployment import load_deployment
+from nojit.aot.vllm_env import import_kernel_module, install_deployment_platform
+install_deployment_platform(load_deployment().platform)
+mod = import_kernel_module("vllm.model_executor.kernels.linear.cute_dsl.ll_bf16")
+import_kernel_module("vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cutedsl")  # the bundle's other owner
+import vllm.utils.torch_utils as tu
+tu.current_stream = lambda: type("S", (), {"cuda_stream": 0})()  # no GPU: a placeholder stream for cute.compile
+from nojit.loader.install import install
+inst = install(sys.argv[1], mode="record", record_file=sys.argv[2])
+owner = mod.ll_bf16_gemm_c1_pdl_kernel
+key = owner.dispatch(M=2, K=4096, N=256)  # the bundle holds M == 1 only
+owner.compile(key)
+print(json.dumps({"cached": (key.M, key.K, key.bs, key.output_dtype) in owner._compiled_cache}))
+"""
+
+
+def test_record_then_add_keys_serves_the_miss(cute_build, tmp_path):
+    """Record mode: a key the bundle lacks is compiled by vLLM and written down; `nojit build --add-keys` adds it;
+    the new bundle serves it in strict mode with no compile."""
+    keys = tmp_path / "keys.jsonl"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "NOJIT_QUIET": "1"}
+    p = subprocess.run([sys.executable, "-c", RECORD, cute_build["bundle"], str(keys)], capture_output=True, text=True,
+                       timeout=900, env=env)
+    assert p.returncode == 0 and json.loads(p.stdout.strip().splitlines()[-1])["cached"], p.stderr[-3000:]
+    recorded = [json.loads(line) for line in keys.read_text().splitlines()]
+    assert [r["outcome"] for r in recorded] == ["miss"] and recorded[0]["runtime"] == "cutedsl"
+    assert dict(recorded[0]["key"][2])["M"] == ["int", 2]
+    bundle = str(tmp_path / "added.nojit")
+    run_cli("build", "--runtime", "cutedsl", "--kernels", "ll_bf16_gemm_c1_pdl_kernel", "--add-keys", str(keys),
+            "-o", bundle, "--cache-dir", str(tmp_path / "cache"), "-j", "2", "--quiet")
+    out = _probe(bundle, str(tmp_path / "marker"), None)
+    assert out["entries"] == 2 and out["compile_attempts"] == [] and out["processes"] == []
