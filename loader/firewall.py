@@ -42,6 +42,7 @@ paths relative to site-packages):
 | CC | <fw>/bin/gcc | triton/runtime/build.py, flashinfer/jit/cpp_ext.py:123,207, tilelang/contrib/cc.py, tvm contrib/cc.py |
 | CXX | <fw>/bin/g++ | flashinfer/jit/cpp_ext.py:288, jit/core.py:657, humming/utils/jit.py:33, tilelang/contrib/cc.py |
 | NVCC | <fw>/bin/nvcc | convention only: no installed package reads it |
+| HUMMING_DISABLE_PARALLEL_BUILD | 1 | humming/utils/nvrtc.py:145-158: at import Humming starts `python -c ...may_build_nvrtc_compile_binary()` in the background (a g++ build when its prebuilt helper does not match); with this set no process starts at import |
 | NOJIT_FIREWALL_DIR | <fw> | nojit: children reuse the folder |
 
 Values captured at import before `activate()` are re-pointed too when their module is already
@@ -346,6 +347,7 @@ def _variables(fw: str) -> dict[str, str]:
         "CC": f"{b}/gcc",
         "CXX": f"{b}/g++",
         "NVCC": f"{b}/nvcc",
+        "HUMMING_DISABLE_PARALLEL_BUILD": "1",
         "NOJIT_FIREWALL_DIR": fw,
     }
 

@@ -122,6 +122,7 @@ class Installation:
     mode: Mode
     triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
     tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
+    cutedsl: dict[str, Any] = field(default_factory=dict)  # kernel id -> CuteKernelServer (cutedsl_serving)
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
@@ -130,7 +131,7 @@ class Installation:
         from nojit.loader.torch_cuda import current_device
 
         dev = current_device() if device is None else device
-        return sum(s.preload(dev) for s in (*self.triton.values(), *self.tilelang.values()))
+        return sum(s.preload(dev) for s in (*self.triton.values(), *self.tilelang.values(), *self.cutedsl.values()))
 
     def uninstall(self) -> None:
         """Give the kernels back their own JIT paths and lift the strict guards (tests and tools)."""
@@ -141,8 +142,11 @@ class Installation:
             from nojit.loader import tilelang_serving
 
             tilelang_serving.uninstall(self.tilelang)
+        for server in self.cutedsl.values():
+            server.uninstall()
         self.triton.clear()
         self.tilelang.clear()
+        self.cutedsl.clear()
         from nojit.loader import guards, triton_driver
 
         guards.deactivate()
@@ -216,6 +220,11 @@ def install(
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)
+        cutedsl_ids = [k for k in wanted if records[k].runtime == "cutedsl"]
+        if cutedsl_ids:
+            from nojit.loader import cutedsl_serving
+
+            inst.cutedsl = cutedsl_serving.install(bundle, cutedsl_ids, policy, allow, resolve)
         from nojit.loader.cuda_launch import launcher
         from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability

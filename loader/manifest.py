@@ -16,7 +16,7 @@ from typing import Any
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 1
-RUNTIMES = ("triton", "tilelang")
+RUNTIMES = ("triton", "tilelang", "cutedsl")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
@@ -371,6 +371,25 @@ class TileLangLaunch:
 
 
 @dataclass(frozen=True)
+class CuteLaunch:
+    """A CuTeDSL entry: its blob is the object file CuTeDSL's `export_to_c` wrote (host code plus the
+    embedded sm_90a cubin), loaded with `cute.runtime.load_module`; `symbol` is the exported function."""
+
+    symbol: str
+    options: str  # the cute.compile options vLLM passed (e.g. --enable-tvm-ffi)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"symbol": self.symbol, "options": self.options}
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> CuteLaunch:
+        symbol = f.str("symbol", max_len=256)
+        if not symbol.isidentifier():
+            raise f._bad("symbol", f"{symbol!r:.80} is not an identifier")
+        return cls(symbol, f.str("options", max_len=1024))
+
+
+@dataclass(frozen=True)
 class KernelRecord:
     """One kernel function: identity, which runtime compiled it, and its source digest.
 
@@ -413,7 +432,7 @@ class Entry:
     key: Any  # JSON form; decoded by the runtime's key module (triton_key / tilelang_key)
     variant: str
     blob: str
-    launch: TritonLaunch | TileLangLaunch
+    launch: TritonLaunch | TileLangLaunch | CuteLaunch
     origin: str = "declared"
 
     def to_json(self) -> dict[str, Any]:
@@ -511,8 +530,11 @@ def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: di
     key = _check_json_value(ef.obj["key"], ef)
     lf = ef.sub("launch")
     if record.runtime == "triton":
-        launch: TritonLaunch | TileLangLaunch = TritonLaunch.from_json(lf)
+        launch: TritonLaunch | TileLangLaunch | CuteLaunch = TritonLaunch.from_json(lf)
         _check_triton_key(ef, key, launch, record)
+    elif record.runtime == "cutedsl":
+        launch = CuteLaunch.from_json(lf)
+        _check_cute_key(ef, key)
     else:
         launch = TileLangLaunch.from_json(lf)
         _check_tilelang_key(ef, key, launch)
@@ -538,6 +560,15 @@ def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: Kerne
         want = "p" if ty.startswith("*") else TRITON_TYPE_CODES.get(ty)
         if code != want:
             raise ef._bad("launch.args", f"passes parameter {index} ({ty}) as {code!r}, expected {want!r}")
+
+
+def _check_cute_key(ef: _Fields, key: Any) -> None:
+    from nojit.loader.cutedsl_key import validate
+
+    try:
+        validate(key)
+    except ValueError as exc:
+        raise ef._bad("key", f"is not a CuTeDSL key: {exc}") from None
 
 
 def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:

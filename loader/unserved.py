@@ -77,16 +77,6 @@ UNSERVED: tuple[UnservedJit, ...] = (
                 "Marlin's precompiled kernels (no JIT); vLLM prefers Humming on sm_90, so expect slower MoE "
                 "(not measured here)"),),
     ),
-    UnservedJit(
-        "CuTeDSL (nvidia-cutlass-dsl, in-process MLIR)",
-        "cutlass",
-        "the head-512 compressor (always on CUDA: compressor.py), indexer-q and dequant-gather-K (attention.py), "
-        "the router GEMM ll_fp32w/ll_bf16 (gate_linear.py); compiles in the registry and router warmup",
-        "refused: cute.compile is guarded; the registry preflight lists the CuTeDSL keys and stops the start",
-        (),
-        unavoidable="the head-512 compressor uses CuTeDSL on every CUDA GPU (compressor.py) and vLLM needs "
-        "cutlass to build the model. Strict mode serves DeepSeek-V4 only once CuTeDSL is bundled (issue 12)",
-    ),
 )
 
 

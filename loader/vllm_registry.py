@@ -8,11 +8,13 @@ v1/worker/gpu_worker.py `_compile_or_warm_up_model`). nojit wraps that method:
 1. Triton's driver questions are answered from torch (triton_driver), so deriving keys with
    an empty TRITON_CACHE_DIR builds no `cuda_utils`.
 2. vLLM's own warmup runs unchanged. With nojit installed a bundled Triton key resolves to its
-   cubin (`JITFunction.run(warmup=True)` returns the bundle entry) and a bundled TileLang key to
-   its entry (`JITImpl.compile`); nothing compiles.
+   cubin (`JITFunction.run(warmup=True)` returns the bundle entry), a bundled TileLang key to
+   its entry (`JITImpl.compile`) and a bundled CuTeDSL key to its exported object, loaded into
+   the owner's `_compiled_cache` (cutedsl_serving); nothing compiles.
 3. In strict mode it is also the preflight: every declared key is tried and every one the
    bundle does not serve is collected (a key the bundle lacks, a kernel it does not hold, and
-   every key of a JIT nojit does not serve yet, e.g. CuTeDSL, which is not compiled at all),
+   every key of a JIT nojit does not serve yet, and every CuTeDSL key of an owner the bundle
+   lacks, which is not compiled at all),
    and the start fails with one message listing them all.
 4. Every bundled module is then loaded on the worker's device, so that CUDA-graph capture,
    which follows, loads nothing.
@@ -105,10 +107,12 @@ def warmup_through_bundle(registry: Any) -> None:
     keys: dict[str, int] = {}
     unserved: list[Unserved] = []
     wrapped = []
+    cute_owners = {id(s.owner) for s in getattr(inst, "cutedsl", {}).values()}  # owners served from the bundle
     for kernel in _registered_kernels(registry):
         backend, owner = backend_of(kernel), owner_name(kernel)
-        served_here = backend in ("Triton", "TileLang")
+        served_here = backend in ("Triton", "TileLang") or id(kernel) in cute_owners
         original = kernel.compile
+        own = kernel.__dict__.get("compile")  # a server's instance attribute (CuTeDSL), put back below
 
         def compile_one(key: Any, _orig: Any = original, _b: str = backend, _o: str = owner,
                         _served: bool = served_here) -> None:
@@ -116,7 +120,9 @@ def warmup_through_bundle(registry: Any) -> None:
             if not strict:
                 return _orig(key)
             if not _served:  # never compiled in strict mode: listed, refused below
-                unserved.append(Unserved(_b, _o, _short(key), "nojit does not serve this JIT yet"))
+                reason = ("CuTeDSL owner not in the bundle" if _b == "CuTeDSL" else
+                          "nojit does not serve this JIT yet")
+                unserved.append(Unserved(_b, _o, _short(key), reason))
                 return None
             try:
                 return _orig(key)
@@ -125,7 +131,7 @@ def warmup_through_bundle(registry: Any) -> None:
                 return None
 
         kernel.compile = compile_one  # instance attribute, removed again below
-        wrapped.append(kernel)
+        wrapped.append((kernel, own))
     try:
         _original_warmup(registry)
     except NoJitError as exc:  # a path that does not go through compile() (e.g. TileLang par_compile)
@@ -133,8 +139,10 @@ def warmup_through_bundle(registry: Any) -> None:
             raise
         unserved.append(Unserved("?", "?", "?", exc.message))
     finally:
-        for kernel in wrapped:
+        for kernel, own in wrapped:
             kernel.__dict__.pop("compile", None)
+            if own is not None:
+                kernel.compile = own
     if unserved:
         last_report = WarmupReport(keys, unserved, time.perf_counter() - start, 0)
         raise PreflightError(_preflight_message(unserved, sum(keys.values()), inst.bundle.path), fix=_PREFLIGHT_FIX)

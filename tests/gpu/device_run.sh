@@ -14,6 +14,9 @@
 #            loader (strict) vs JIT per launch, outputs poisoned, observed keys against the plan and bundle
 #   deepgemm DeepGEMM cubins built on the GPU-less box (.device/deepgemm from tools/prepare_deepgemm_device.py)
 #            served through DeepGEMM's own cache lookup: fp8_gemm_nt vs a float32 reference, no compile, timed
+#   cutedsl  CuTeDSL entries of .device/cutedsl.nojit (`nojit build --runtime cutedsl -o .device/cutedsl.nojit` on
+#            the build box): each exported object's embedded sm_90a cubin loaded by the driver (PTX JIT off) and its
+#            kernel found; CuTeDSL itself is not on the device, so nothing is launched (tests/gpu/check_cutedsl.py)
 #   wheel    the merged bundle made into a bundle wheel (`nojit package`), installed with the nojit wheel of .whl
 #            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
 #            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
@@ -95,6 +98,10 @@ PY
       [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
+      ;;
+    cutedsl)
+      CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_cutedsl.py --bundle .device/cutedsl.nojit \
+        --json "$OUT/check_cutedsl.json" 2>&1 | tail -30 || rc=1
       ;;
     deepgemm)
       if command -v strace >/dev/null; then

@@ -4,6 +4,7 @@ config.py        the layers' facts that decide keys (compress ratios, indexer KV
 config_view.py   the slice of VllmConfig vLLM's warmup-key providers read
 owners.py        Triton warmup owners of the model path;  runner_owners.py  those of the model runners
 derived.py       keys derived from the model's call sites; runner_derived.py  from the runners'
+cutedsl_owners.py  vLLM's registered CuTeDSL owners (compressor head 512, indexer-q, dequant-gather-K)
 mhc.py           the mHC numbers and the TileLang warmup registrations of the model
 deepseek-v4-flash.config.json   the built-in HF config (the default deployment's)
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from nojit.aot.faces import Model
 from nojit.aot.models.deepseek_v4 import mhc
 from nojit.aot.models.deepseek_v4.config_view import make_vllm_config
+from nojit.aot.models.deepseek_v4.cutedsl_owners import CUTEDSL
 from nojit.aot.models.deepseek_v4.derived import DSV4_DERIVED
 from nojit.aot.models.deepseek_v4.owners import DSV4_OWNERS, REPORT_KERNELS
 from nojit.aot.models.deepseek_v4.runner_derived import RUNNER_DERIVED
@@ -27,4 +29,4 @@ TRITON = TritonTables(
 )
 TILELANG = TileLangTables(registrations=mhc.registrations)
 
-MODEL = Model(name="deepseek_v4", model_type="deepseek_v4", tables={"triton": TRITON, "tilelang": TILELANG})
+MODEL = Model(name="deepseek_v4", model_type="deepseek_v4", tables={"triton": TRITON, "tilelang": TILELANG, "cutedsl": CUTEDSL})

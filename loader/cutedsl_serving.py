@@ -1,0 +1,157 @@
+"""Serve vLLM's CuTeDSL kernels from the bundle through CuTeDSL's own AOT load path.
+
+vLLM keeps one compiled executor per CompileKey in each owner's `_compiled_cache` and fills it
+through the owner's `compile(key)`, which the registry warmup calls for every declared key and
+the run-time `_get_or_compile` calls on a miss (model_executor/warmup/jit_warmup.py). nojit puts
+a server on `compile` (an instance attribute, this owner only): a bundled key is loaded with
+`cute.runtime.load_module(<object file>, enable_tvm_ffi=True)` (CuTeDSL's reader for what its
+`export_to_c` wrote; the host code is linked in memory by its JITLink engine, the cubin is the
+one the build compiled) and the exported function goes into `_compiled_cache[key]`, where vLLM's
+launch finds it. Nothing is compiled and no process starts. A key the bundle lacks goes to the
+policy: strict raises KernelNotInBundleError (kernel, key, how to add it), permissive and record
+let vLLM's own compile run (record writes the key for `nojit build --add-keys`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from nojit.loader.bundle_file import Bundle
+from nojit.loader.cutedsl_key import cache_slot, key_from_json, key_text, key_to_json, source_hash
+from nojit.loader.errors import BundleMismatchError, LaunchError
+from nojit.loader.manifest import CuteLaunch, Entry, KernelRecord
+from nojit.loader.policy import ServingPolicy
+from nojit.loader.versions import check_source
+
+RUNTIME = "cutedsl"
+TOOLS = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")  # what wrote and traced the objects, what loads them
+
+
+class CuteKernelServer:
+    """The bundled keys of one vLLM CuTeDSL owner, loaded into its `_compiled_cache` on first use."""
+
+    def __init__(self, kernel_id: str, owner: Any, record: KernelRecord, entries: list[Entry], bundle: Bundle,
+                 policy: ServingPolicy) -> None:
+        self.kernel_id = kernel_id
+        self.owner = owner
+        self.record = record
+        self.bundle = bundle
+        self.policy = policy
+        self.original_compile = owner.compile  # bound: vLLM's own compile (permissive/record misses)
+        key_class = getattr(owner, "CompileKey", None)
+        self.entries: dict[Any, Entry] = {}
+        for e in entries:
+            try:
+                self.entries[key_from_json(e.key, key_class)] = e
+            except (ValueError, TypeError) as exc:
+                raise BundleMismatchError(f"kernel {kernel_id}: bundled key {key_text(e.key)} does not fit this "
+                                          f"vLLM's {getattr(key_class, '__qualname__', 'key')} ({exc})",
+                                          fix="rebuild the bundle against the installed vLLM with `nojit build`") from None
+        self.loaded = 0
+        self._modules: list[Any] = []  # keep each module's engine alive for as long as its function is cached
+        self._lock = threading.Lock()
+
+    def compile(self, compile_key: Any) -> None:
+        """Stands in for the owner's `compile(compile_key)`."""
+        cache, slot = cache_slot(self.owner, compile_key)
+        if slot in cache:
+            return
+        entry = self.entries.get(compile_key)
+        if entry is None:
+            try:
+                key_json: Any = key_to_json(compile_key)
+            except ValueError:
+                key_json = None
+            self.policy.miss(self.kernel_id, RUNTIME, key_json, repr(compile_key), self.record.source_hash,
+                             "CuTeDSL key not bundled")
+            return self.original_compile(compile_key)  # permissive / record: vLLM compiles it
+        with self._lock:
+            if slot not in cache:
+                cache[slot] = self._load(entry)
+        if self.policy.recording:
+            self.policy.served(self.kernel_id, RUNTIME, lambda: entry.key, "exact", self.record.source_hash)
+
+    def _load(self, entry: Entry) -> Any:
+        import cutlass.cute as cute
+
+        launch = entry.launch
+        assert isinstance(launch, CuteLaunch)
+        data = self.bundle.read_blob(entry.blob)  # sha256-checked
+        fd, path = tempfile.mkstemp(prefix="nojit-cute-", suffix=".o")  # private (0600); removed once loaded
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            module = cute.runtime.load_module(path, enable_tvm_ffi="--enable-tvm-ffi" in launch.options)
+            fn = getattr(module, launch.symbol)
+        except Exception as exc:  # noqa: BLE001 - CuTeDSL's loader errors are not typed
+            raise LaunchError(f"kernel {self.kernel_id}: CuTeDSL could not load the bundled object {entry.blob[:12]} "
+                              f"({type(exc).__name__}: {str(exc)[:300]})",
+                              fix="check that nvidia-cutlass-dsl and apache-tvm-ffi are the versions the bundle "
+                              "names (`nojit inspect`), or rebuild the bundle") from None
+        finally:
+            os.unlink(path)
+        self._modules.append(module)
+        self.loaded += 1
+        return fn
+
+    def preload(self, device: int | None = None) -> int:
+        """Load every bundled key (before CUDA-graph capture). The CUDA module itself loads at the first call."""
+        for key in self.entries:
+            self.compile(key)
+        return len(self.entries)
+
+    def uninstall(self) -> None:
+        self.owner.__dict__.pop("compile", None)
+
+
+def check_tools(record: KernelRecord, bundle_path: str) -> None:
+    """The CuTeDSL and TVM-FFI versions the objects were written with against this process's."""
+    differences = []
+    for tool in TOOLS:
+        built = record.info.get(tool)
+        try:
+            here = importlib.metadata.version(tool)
+        except importlib.metadata.PackageNotFoundError:
+            here = None
+        if built != here:
+            differences.append(f"{tool} {built} (bundle) vs {here} (installed)")
+    if differences:
+        raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path} was exported with other CuTeDSL "
+                                  f"tools: {'; '.join(differences)}",
+                                  fix="install the versions the bundle names, or rebuild the bundle with these")
+
+
+def _source_modules(record: KernelRecord, owner: Any, bundle_path: str) -> list[Any]:
+    """The vLLM modules the record's source hash covers (owner's module first), imported."""
+    names = record.info.get("sources") or [type(owner).__module__]
+    if (not isinstance(names, list) or names[0] != type(owner).__module__
+            or not all(isinstance(n, str) and n.startswith("vllm.") and all(p.isidentifier() for p in n.split("."))
+                       for n in names)):
+        raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path}: its source list {str(names)[:200]} "
+                                  "does not start with the owner's vLLM module", fix="rebuild the bundle with `nojit build`")
+    return [sys.modules.get(n) or importlib.import_module(n) for n in names]
+
+
+def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow: frozenset[str],
+            resolve: Any) -> dict[str, CuteKernelServer]:
+    """A server on each bundled owner's `compile` (instance attribute: this owner only)."""
+    servers: dict[str, CuteKernelServer] = {}
+    for kid in kernel_ids:
+        record = bundle.manifest.kernels[kid]
+        owner = resolve(kid)
+        if not isinstance(getattr(owner, "_compiled_cache", None), dict) or not callable(getattr(owner, "compile", None)):
+            raise BundleMismatchError(f"kernel {kid} is not a vLLM CuTeDSL owner in this process",
+                                      fix="rebuild the bundle against the installed vLLM")
+        check_source(kid, record.source_hash, source_hash(_source_modules(record, owner, bundle.path)), bundle.path,
+                     allow)
+        check_tools(record, bundle.path)
+        server = CuteKernelServer(kid, owner, record, bundle.entries(kid), bundle, policy)
+        owner.compile = server.compile
+        servers[kid] = server
+    return servers
