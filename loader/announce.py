@@ -38,7 +38,9 @@ def summary_line(inst: object) -> str:
     versions = ", ".join(f"{name} {v}" for name, v in (("vLLM", p.vllm), ("Triton", p.triton), ("TileLang", p.tilelang))
                          if v)
     runtimes = [k.runtime for k in m.kernels.values()]
-    kernels = f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang kernels, {len(m.entries)} entries"
+    deepgemm = f" + {runtimes.count('deepgemm')} DeepGEMM" if "deepgemm" in runtimes else ""
+    kernels = (f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang{deepgemm} kernels, "
+               f"{len(m.entries)} entries")
     return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
             f"mode {inst.mode.value}; firewall {firewall_state(inst)}")
 

@@ -87,6 +87,44 @@ def check_headers(package_dir: str, bundle_path: str) -> None:
             fix="install vLLM's vendored DeepGEMM with its include/ folder unchanged (the build hashed those headers)")
 
 
+def headers_digest(package_dir: str) -> str:
+    """DeepGEMM's version and every header under include/deep_gemm: what DeepGEMM hashes into each entry
+    name besides the generated source, so the bundle's kernel records carry it as their source digest."""
+    h = hashlib.sha256()
+    with open(os.path.join(package_dir, "__init__.py"), "rb") as f:
+        h.update(f.read())
+    headers = os.path.join(package_dir, "include", "deep_gemm")
+    for folder, dirs, names in sorted(os.walk(headers)):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            h.update(os.path.relpath(path, headers).encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def section_of(manifest: Any, kernel_ids: list[str]) -> dict[str, Any]:
+    """The section (module docstring) for the bundle's DeepGEMM kernels: entries and keys from their
+    entries' launches, the facts DeepGEMM's key depends on from their kernel records (one value each)."""
+    section: dict[str, Any] = {"entries": {}, "keys": []}
+    for kid in kernel_ids:
+        info = manifest.kernels[kid].info
+        for fact in ("deep_gemm_version", "nvcc_version", "sm_count", "pdl", "use_ue8m0"):
+            if section.setdefault(fact, info.get(fact)) != info.get(fact):
+                raise BundleCorruptError(f"DeepGEMM kernels of the bundle disagree on {fact}",
+                                         fix="rebuild the bundle with `nojit build`")
+    wanted = set(kernel_ids)
+    for e in manifest.entries:
+        if e.kernel not in wanted:
+            continue
+        launch, op = e.launch, e.kernel.rpartition(":")[2]
+        section["entries"][launch.entry] = {"cubin": e.blob, "source": launch.source}
+        section["keys"].extend([op, *call, launch.entry] for call in launch.calls)
+    section["keys"].sort()
+    return section
+
+
 def find_key(section: dict[str, Any], op: str, n: int, k: int, m: int) -> str | None:
     """The entry the build saw DeepGEMM pick for (op, n, k, m), for messages and coverage."""
     for row in section["keys"]:

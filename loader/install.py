@@ -122,6 +122,7 @@ class Installation:
     mode: Mode
     triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
     tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
+    deepgemm: Any = None  # DeepGemmServing (loader/deepgemm_serving.py) when the bundle has DeepGEMM entries
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
@@ -143,6 +144,12 @@ class Installation:
             tilelang_serving.uninstall(self.tilelang)
         self.triton.clear()
         self.tilelang.clear()
+        if self.deepgemm is not None:  # vLLM's DeepGEMM entry points back (the probe answer stays in place)
+            import vllm.utils.deep_gemm as vllm_dg
+
+            for op, original in self.deepgemm.originals.items():
+                setattr(vllm_dg, op, original)
+            self.deepgemm = None
         from nojit.loader import guards, triton_driver
 
         guards.deactivate()
@@ -216,6 +223,11 @@ def install(
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)
+        deepgemm_ids = [k for k in wanted if records[k].runtime == "deepgemm"]
+        if deepgemm_ids:  # after firewall.activate: DeepGEMM's compiler ends at the stand-in, its probe answered
+            from nojit.loader.deepgemm_serving import install_from_bundle
+
+            inst.deepgemm = install_from_bundle(bundle, deepgemm_ids, mode, recorder, allow)
         from nojit.loader.cuda_launch import launcher
         from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability

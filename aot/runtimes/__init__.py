@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import Runtime
-from nojit.aot.runtimes import tilelang, triton
+from nojit.aot.runtimes import deepgemm, tilelang, triton
 
 RUNTIMES: dict[str, Runtime] = {
     tilelang.RUNTIME.name: tilelang.RUNTIME,  # first: its slow compiles start first, and vLLM's mHC module imports first
     triton.RUNTIME.name: triton.RUNTIME,
+    deepgemm.RUNTIME.name: deepgemm.RUNTIME,  # nvcc per entry (~40 s each); a rebuild takes them from the cache
 }
 
 

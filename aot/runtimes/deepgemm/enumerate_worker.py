@@ -18,10 +18,19 @@ def main() -> None:
     spec = json.loads(open(sys.argv[1]).read())
     import torch
     import vllm.envs as envs
-    import vllm.third_party.deep_gemm as dg
 
     firewall = None
-    if spec.get("firewall"):  # lookup check: serve from a seeded cache, probe answered in process
+    if spec.get("install"):  # before DeepGEMM is imported, as vLLM's plugin runs before the model
+        from nojit.loader.install import install  # the lookup check: the loader's own install(), strict mode
+
+        inst = install(spec["install"], mode="strict")
+        firewall = inst.deepgemm.firewall
+        with open(spec["out"] + ".install.json", "w") as f:
+            json.dump({"cache_dir": inst.deepgemm.cache_dir, "DG_JIT_NVCC_COMPILER": os.environ["DG_JIT_NVCC_COMPILER"],
+                       "DG_JIT_CACHE_DIR": os.environ["DG_JIT_CACHE_DIR"], "PATH": os.environ["PATH"]}, f)
+    import vllm.third_party.deep_gemm as dg
+
+    if spec.get("firewall"):  # serve from a seeded cache, probe answered in process
         from nojit.loader.deepgemm_popen import PopenFirewall
         from nojit.loader.deepgemm_serving import extension_path
 

@@ -44,3 +44,8 @@ def fp8_gemm_nt_shapes(d: Deployment) -> list[GemmShape]:
         # nvidia/mtp.py:103, 111 ReplicatedLinear(hidden, hidden): e_proj, h_proj
         shapes.append(GemmShape("mtp.e_proj/h_proj", hidden, hidden))
     return shapes
+
+
+def deepgemm_shapes(d: Deployment) -> dict[str, list[GemmShape]]:
+    """Per vLLM DeepGEMM entry point, the shapes of this model it enumerates (DeepGemmTables.shapes)."""
+    return {"fp8_gemm_nt": fp8_gemm_nt_shapes(d)}
