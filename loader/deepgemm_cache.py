@@ -125,10 +125,11 @@ def section_of(manifest: Any, kernel_ids: list[str]) -> dict[str, Any]:
     return section
 
 
-def find_key(section: dict[str, Any], op: str, n: int, k: int, m: int) -> str | None:
-    """The entry the build saw DeepGEMM pick for (op, n, k, m), for messages and coverage."""
+def find_key(section: dict[str, Any], op: str, n: int, k: int, m: int, shape: str | None = None) -> str | None:
+    """The entry the build saw DeepGEMM pick for (op, n, k, m) (of the named shape: two mHC call sites share
+    N and K and differ in their split count), for messages and checks."""
     for row in section["keys"]:
-        if row[0] == op and row[2] == n and row[3] == k and row[4] <= m <= row[5]:
+        if row[0] == op and row[2] == n and row[3] == k and row[4] <= m <= row[5] and shape in (None, row[1]):
             return row[6]
     return None
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.runtimes.deepgemm.shapes import fp8_gemm_nt_shapes
+from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
 from nojit.aot.errors import BuildError
 
 
@@ -106,10 +106,12 @@ def build_stand_ins(work: str, nvcc: str) -> dict[str, str]:
 
 def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: str | None = None,
                    extra_keys: list[dict] | None = None) -> Enumeration:
-    """Every shape at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
+    """Every shape of every op at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
     ({"op", "n", "k", "m"}, e.g. recorded by NOJIT_MODE=record) for shapes or M outside that."""
+    from nojit.aot.runtimes.deepgemm.planner import op_row  # the planner's rows (it imports this module)
+
     ms = ms or list(range(1, d.max_num_batched_tokens + 1))
-    ops = [{"op": "fp8_gemm_nt", "name": s.name, "n": s.n, "k": s.k, "ms": ms} for s in fp8_gemm_nt_shapes(d)]
+    ops = [op_row(op, s, ms, d.platform.sm_count) for op, shapes in deepgemm_shapes(d).items() for s in shapes]
     for extra in extra_keys or []:
         ops.append(recorded_op(extra))
     return enumerate_ops(ops, d.platform.sm_count, d.platform.pdl, work, nvcc)

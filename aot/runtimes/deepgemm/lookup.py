@@ -19,7 +19,7 @@ from typing import Any
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.enumerate import build_stand_ins, find_nvcc
-from nojit.aot.runtimes.deepgemm.planner import kernel_id
+from nojit.aot.runtimes.deepgemm.planner import kernel_id, op_row
 from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, fp8_gemm_nt_shapes
 from nojit.loader.deepgemm_cache import find_key, seed
 
@@ -59,7 +59,7 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
     for name in ("DG_JIT_CACHE_DIR", "DG_JIT_NVCC_COMPILER", "NOJIT_FIREWALL_DIR"):
         env.pop(name, None)  # install() sets them; nothing of the enumeration's may leak in
     ms = ms or list(range(1, d.max_num_batched_tokens + 1))
-    ops = [{"op": op, "name": s.name, "n": s.n, "k": s.k, "ms": ms}
+    ops = [op_row(op, s, ms, d.platform.sm_count)
            for op, shapes in deepgemm_shapes(d).items() if kernel_id(op) in ids for s in shapes]
     spec_path, out_path = os.path.join(work, "lookup-spec.json"), os.path.join(work, "lookup.jsonl")
     with open(spec_path, "w") as f:
@@ -72,7 +72,7 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
     with open(out_path + ".install.json") as f:
         installed = json.load(f)
     root = installed["cache_dir"]
-    wrong = [r for r in rows if r["error"] or r["entry"] != find_key(section, r["op"], r["n"], r["k"], r["m"])
+    wrong = [r for r in rows if r["error"] or r["entry"] != find_key(section, r["op"], r["n"], r["k"], r["m"], r["name"])
              or not (r["library"] or "").startswith(root + os.sep)]
     started, firewall = result["started"], result["firewall"]
     stand_in = installed["DG_JIT_NVCC_COMPILER"]

@@ -19,6 +19,8 @@ class GemmShape:
     name: str      # the vLLM module it serves, with the line it was read from
     n: int
     k: int
+    groups: int = 1            # fp8_einsum: the batch of grouped GEMMs (h in "bhr,hdr->bhd")
+    splits: str | None = None  # tf32_hc_prenorm_gemm: the vLLM function that picks num_splits from M
 
 
 def fp8_gemm_nt_shapes(d: Deployment) -> list[GemmShape]:
@@ -46,6 +48,32 @@ def fp8_gemm_nt_shapes(d: Deployment) -> list[GemmShape]:
     return shapes
 
 
+def fp8_einsum_shapes(d: Deployment) -> list[GemmShape]:
+    c, tp = d.hf_config, d.tensor_parallel_size
+    groups = c["o_groups"]
+    # attention.py:271 wo_a ColumnParallelLinear(n_heads * head_dim // n_groups, n_groups * o_lora_rank), a bmm over
+    # the local groups; nvidia/ops/o_proj.py:89 fp8_einsum("bhr,hdr->bhd") with recipe (1, 128, 128) on sm90
+    return [GemmShape("attention.wo_a (o_proj fp8_einsum)", c["o_lora_rank"],
+                      c["num_attention_heads"] * c["head_dim"] // groups, groups=groups // tp)]
+
+
+def tf32_hc_prenorm_gemm_shapes(d: Deployment) -> list[GemmShape]:
+    """model_executor/kernels/mhc/tilelang.py's DeepGEMM calls: N = hc_mult * (hc_mult + 2) mixes over
+    K = hc_mult * hidden (the residual streams) or K = hidden (the broadcast pre of the first layer), with
+    num_splits from compute_num_split (mhc_pre, fused post-pre, broadcast) or its bucketed form
+    compute_mhc_pre_num_splits (the delayed variants)."""
+    c = d.hf_config
+    hc, hidden = c["hc_mult"], c["hidden_size"]
+    mix = hc * (hc + 2)
+    return [
+        GemmShape("mhc.pre (tilelang.py:611/940 mhc_pre, fused_post_pre)", mix, hc * hidden, splits="compute_num_split"),
+        GemmShape("mhc.pre_delayed (tilelang.py:160/410 the delayed variants)", mix, hc * hidden,
+                  splits="compute_mhc_pre_num_splits"),
+        GemmShape("mhc.pre_broadcast (tilelang.py:745)", mix, hidden, splits="compute_num_split"),
+    ]
+
+
 def deepgemm_shapes(d: Deployment) -> dict[str, list[GemmShape]]:
     """Per vLLM DeepGEMM entry point, the shapes of this model it enumerates (DeepGemmTables.shapes)."""
-    return {"fp8_gemm_nt": fp8_gemm_nt_shapes(d)}
+    return {"fp8_gemm_nt": fp8_gemm_nt_shapes(d), "fp8_einsum": fp8_einsum_shapes(d),
+            "tf32_hc_prenorm_gemm": tf32_hc_prenorm_gemm_shapes(d)}
