@@ -25,7 +25,8 @@ from nojit.loader.policy import KeyRecorder
 from nojit.loader.settings import Mode
 
 # vLLM's DeepGEMM entry points (vllm/utils/deep_gemm.py) that reach DeepGEMM's JIT for DeepSeek-V4 on sm_90
-WRAPPED = ("fp8_gemm_nt", "fp8_einsum", "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "tf32_hc_prenorm_gemm")
+WRAPPED = ("fp8_gemm_nt", "fp8_einsum", "fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits",
+           "get_paged_mqa_logits_metadata", "tf32_hc_prenorm_gemm")
 _STAGED_SOURCE = re.compile(r"cd (\S+) && ")
 
 
@@ -47,15 +48,30 @@ def extension_path(dg: Any) -> str:
     return os.path.join(pkg, names[0])
 
 
-def _shape_of(op: str, args: tuple[Any, ...]) -> tuple[int, int, int] | None:
-    """(n, k, m) of an fp8_gemm_nt call ((a, sfa), (b, sfb), d, ...), for the message."""
+def call_key(op: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
+    """{"op", "n", "k", "m"} (+ "groups" / "splits") of a call of vLLM's DeepGEMM entry point, as `nojit build
+    --add-keys` resolves it (aot/runtimes/deepgemm/enumerate.py recorded_op); None for ops not decoded."""
     try:
-        if op == "fp8_gemm_nt":
+        if op == "fp8_gemm_nt":  # ((a, sfa), (b, sfb), d, ...)
             a, b = args[0][0], args[1][0]
-            return int(b.shape[0]), int(b.shape[1]), int(a.shape[0])
-    except (IndexError, TypeError, AttributeError):
+            return {"op": op, "n": int(b.shape[0]), "k": int(b.shape[1]), "m": int(a.shape[0])}
+        if op == "fp8_einsum":  # (expr, (a [b, h, r], sfa), (b [h, d, r], sfb), d, ...)
+            a, b = args[1][0], args[2][0]
+            return {"op": op, "n": int(b.shape[1]), "k": int(b.shape[2]), "m": int(a.shape[0]),
+                    "groups": int(b.shape[0])}
+        if op == "tf32_hc_prenorm_gemm":  # (x [M, K], fn [N, K], out, sqrsum, num_splits)
+            x, fn = args[0], args[1]
+            return {"op": op, "n": int(fn.shape[0]), "k": int(fn.shape[1]), "m": int(x.shape[0]),
+                    "splits": int(args[4])}
+    except (IndexError, TypeError, AttributeError, ValueError):
         pass
     return None
+
+
+def _shape_of(op: str, args: tuple[Any, ...]) -> tuple[int, int, int] | None:
+    """(n, k, m) of a call, for the message."""
+    key = call_key(op, args)
+    return (key["n"], key["k"], key["m"]) if key else None
 
 
 def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], before: int) -> KernelNotInBundleError:
@@ -85,10 +101,9 @@ def _wrap(serving: DeepGemmServing, module: Any, op: str, mode: Mode, recorder: 
     original = getattr(module, op)
 
     def record(args: tuple[Any, ...]) -> None:
-        shape = _shape_of(op, args)
-        if recorder is not None and shape:  # the form `nojit build --add-keys` resolves to DeepGEMM's entry
-            recorder.record(kernel_id(op), "deepgemm", {"op": op, "n": shape[0], "k": shape[1], "m": shape[2]},
-                            "miss", source_hash)
+        key = call_key(op, args)
+        if recorder is not None and key:  # the form `nojit build --add-keys` resolves to DeepGEMM's entry
+            recorder.record(kernel_id(op), "deepgemm", key, "miss", source_hash)
 
     @functools.wraps(original)
     def served(*args: Any, **kwargs: Any) -> Any:

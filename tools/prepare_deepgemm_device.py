@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("-j", type=int, default=2)
     ap.add_argument("--out", default=".device/deepgemm")
     ap.add_argument("--work", default="/tmp/nojit-deepgemm-prepare")
+    ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "nojit"),
+                    help="the compile cache `nojit build` uses (entries compiled before are taken from it)")
     ap.add_argument("--package-only", action="store_true", help="recopy deep_gemm/ and lib/ only")
     args = ap.parse_args()
     if args.package_only:
@@ -40,8 +42,7 @@ def main() -> None:
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm.build import build_deepgemm_section
     from nojit.aot.runtimes.deepgemm.enumerate import enumerate_keys
-    from nojit.aot.runtimes.deepgemm.planner import op_row
-    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
+    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
 
     d = load_deployment()
     ms = [int(x) for x in args.ms.split(",")]
@@ -52,7 +53,8 @@ def main() -> None:
     probe = enumerate_keys(d, os.path.join(args.work, "probe"), ms=ms)
     only = {k["entry"] for k in probe.keys if k["name"] in chosen}
     start = time.monotonic()
-    section, cubins, stats = build_deepgemm_section(d, os.path.join(args.work, "build"), jobs=args.j, only=only, ms=ms)
+    section, cubins, stats = build_deepgemm_section(d, os.path.join(args.work, "build"), jobs=args.j, only=only, ms=ms,
+                                                     cache_dir=args.cache_dir)
     print(f"compiled {len(section['entries'])} entries in {time.monotonic() - start:.0f} s: {stats}", file=sys.stderr)
     section["check_rows"] = [op_row(op, s, ms, d.platform.sm_count) for op, shapes in deepgemm_shapes(d).items()
                              for s in shapes if s.name in chosen]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
+from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
 from nojit.aot.errors import BuildError
 
 
@@ -108,8 +108,6 @@ def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: 
                    extra_keys: list[dict] | None = None) -> Enumeration:
     """Every shape of every op at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
     ({"op", "n", "k", "m"}, e.g. recorded by NOJIT_MODE=record) for shapes or M outside that."""
-    from nojit.aot.runtimes.deepgemm.planner import op_row  # the planner's rows (it imports this module)
-
     ms = ms or list(range(1, d.max_num_batched_tokens + 1))
     ops = [op_row(op, s, ms, d.platform.sm_count) for op, shapes in deepgemm_shapes(d).items() for s in shapes]
     for extra in extra_keys or []:
@@ -118,11 +116,17 @@ def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: 
 
 
 def recorded_op(key: dict) -> dict:
-    """A key recorded by NOJIT_MODE=record ({"op", "n", "k", "m"}) as one op row of the worker's spec."""
-    if key.get("op") != "fp8_gemm_nt":
+    """A key recorded by NOJIT_MODE=record ({"op", "n", "k", "m"}, loader/deepgemm_serving.py call_key) as one
+    op row of the worker's spec."""
+    op = key.get("op")
+    if op not in ("fp8_gemm_nt", "fp8_einsum", "tf32_hc_prenorm_gemm"):
         raise BuildError(f"recorded DeepGEMM key {key} is for an op nojit does not enumerate yet",
-                         fix="only fp8_gemm_nt keys can be added today")
-    return {"op": "fp8_gemm_nt", "name": "recorded", "n": int(key["n"]), "k": int(key["k"]), "ms": [int(key["m"])]}
+                         fix="only fp8_gemm_nt, fp8_einsum and tf32_hc_prenorm_gemm keys can be added today")
+    row = {"op": op, "name": "recorded", "n": int(key["n"]), "k": int(key["k"]), "ms": [int(key["m"])],
+           "groups": int(key.get("groups", 1))}
+    if op == "tf32_hc_prenorm_gemm":
+        row["splits"] = [int(key["splits"])]
+    return row
 
 
 def enumerate_ops(ops: list[dict], num_sms: int, pdl: bool, work: str, nvcc: str | None = None) -> Enumeration:

@@ -19,8 +19,8 @@ from typing import Any
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.enumerate import build_stand_ins, find_nvcc
-from nojit.aot.runtimes.deepgemm.planner import kernel_id, op_row
-from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, fp8_gemm_nt_shapes
+from nojit.aot.runtimes.deepgemm.planner import kernel_id
+from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, fp8_gemm_nt_shapes, op_row
 from nojit.loader.deepgemm_cache import find_key, seed
 
 

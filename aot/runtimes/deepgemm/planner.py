@@ -20,7 +20,6 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from nojit.aot.deployment import Deployment
@@ -29,7 +28,7 @@ from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSett
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.aot.runtimes.deepgemm.compile import compile_entry, deep_gemm_dir, portable_flags
 from nojit.aot.runtimes.deepgemm.enumerate import enumerate_ops, find_nvcc, recorded_op
-from nojit.aot.runtimes.deepgemm.shapes import GemmShape
+from nojit.aot.runtimes.deepgemm.shapes import GemmShape, op_row
 from nojit.loader.deepgemm_cache import compress_keys, headers_digest
 from nojit.loader.manifest import DeepGemmLaunch
 
@@ -88,28 +87,6 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
                                                   "calls": calls}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def op_row(op: str, shape: GemmShape, ms: list[int], sm_count: int) -> dict[str, Any]:
-    """One row of the enumeration worker's spec; the mHC split count per M from vLLM's own functions,
-    their device query answered with the deployment's SM count for the time of the call."""
-    row: dict[str, Any] = {"op": op, "name": shape.name, "n": shape.n, "k": shape.k, "ms": ms, "groups": shape.groups}
-    if shape.splits is not None:
-        import torch
-        from vllm.model_executor.kernels.mhc import tilelang_kernels, warmup
-        from vllm.utils.math_utils import cdiv
-
-        rules = {"compute_num_split": lambda m: tilelang_kernels.compute_num_split(64, shape.k, cdiv(m, 64)),
-                 "compute_mhc_pre_num_splits": lambda m: warmup.compute_mhc_pre_num_splits(shape.k, m)}
-        if shape.splits not in rules:
-            raise BuildError(f"unknown mHC split rule {shape.splits!r}", fix="a nojit bug: see shapes.py")
-        saved = torch.cuda.get_device_properties
-        torch.cuda.get_device_properties = lambda device=None: SimpleNamespace(multi_processor_count=sm_count)
-        try:
-            row["splits"] = [rules[shape.splits](m) for m in ms]
-        finally:
-            torch.cuda.get_device_properties = saved
-    return row
 
 
 def prepare_worker(settings: WorkerSettings) -> None:

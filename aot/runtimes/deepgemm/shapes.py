@@ -10,8 +10,11 @@ linear below is listed, so a shape the checkpoint leaves in BF16 costs only unus
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 from nojit.aot.deployment import Deployment
+from nojit.aot.errors import BuildError
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,25 @@ def deepgemm_shapes(d: Deployment) -> dict[str, list[GemmShape]]:
     """Per vLLM DeepGEMM entry point, the shapes of this model it enumerates (DeepGemmTables.shapes)."""
     return {"fp8_gemm_nt": fp8_gemm_nt_shapes(d), "fp8_einsum": fp8_einsum_shapes(d),
             "tf32_hc_prenorm_gemm": tf32_hc_prenorm_gemm_shapes(d)}
+
+
+def op_row(op: str, shape: GemmShape, ms: list[int], sm_count: int) -> dict[str, Any]:
+    """One row of the enumeration worker's spec; the mHC split count per M from vLLM's own functions,
+    their device query answered with the deployment's SM count for the time of the call."""
+    row: dict[str, Any] = {"op": op, "name": shape.name, "n": shape.n, "k": shape.k, "ms": ms, "groups": shape.groups}
+    if shape.splits is not None:
+        import torch
+        from vllm.model_executor.kernels.mhc import tilelang_kernels, warmup
+        from vllm.utils.math_utils import cdiv
+
+        rules = {"compute_num_split": lambda m: tilelang_kernels.compute_num_split(64, shape.k, cdiv(m, 64)),
+                 "compute_mhc_pre_num_splits": lambda m: warmup.compute_mhc_pre_num_splits(shape.k, m)}
+        if shape.splits not in rules:
+            raise BuildError(f"unknown mHC split rule {shape.splits!r}", fix="a nojit bug: see shapes.py")
+        saved = torch.cuda.get_device_properties
+        torch.cuda.get_device_properties = lambda device=None: SimpleNamespace(multi_processor_count=sm_count)
+        try:
+            row["splits"] = [rules[shape.splits](m) for m in ms]
+        finally:
+            torch.cuda.get_device_properties = saved
+    return row
