@@ -147,9 +147,13 @@ def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes],
     real_nvcc = os.path.join(home, "bin", "nvcc") if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK) else None
     if not os.path.isdir(home):
         os.environ["CUDA_HOME"] = root  # DeepGEMM requires an existing CUDA_HOME; nothing is read from it
-    import vllm.third_party.deep_gemm as dg
-    import vllm.utils.deep_gemm as vllm_dg
-
+    try:
+        import vllm.third_party.deep_gemm as dg
+        import vllm.utils.deep_gemm as vllm_dg
+    except ImportError as exc:
+        raise BundleMismatchError(f"bundle {bundle_path} holds DeepGEMM entries, but vLLM's DeepGEMM does not import "
+                                  f"here ({exc})", fix="install the vLLM the bundle was built with (its "
+                                  "vllm/third_party/deep_gemm), or rebuild the bundle with --runtime triton,tilelang") from None
     if dg.__version__ != section["deep_gemm_version"]:
         raise BundleMismatchError(
             f"bundle {bundle_path} holds DeepGEMM {section['deep_gemm_version']} entries, installed is {dg.__version__}",

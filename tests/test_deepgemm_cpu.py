@@ -255,3 +255,34 @@ def test_recorded_key_is_added_by_add_keys(deepgemm_build, tmp_path) -> None:
     added = [e for e in Bundle.open(out).manifest.entries if isinstance(e.key, dict)]
     assert len(added) == 1 and added[0].key["m"] == 9000 and added[0].origin.startswith("recorded:")
     assert added[0].launch.entry.startswith("sm90_fp8_gemm_1d2d.") and added[0].launch.calls[0][3:] == (9000, 9000)
+
+
+def test_call_key_decodes_what_add_keys_resolves() -> None:
+    """Record mode's key of each served op carries what the enumeration needs to find DeepGEMM's entry again."""
+    from types import SimpleNamespace
+
+    from nojit.aot.runtimes.deepgemm.enumerate import recorded_op
+    from nojit.loader.deepgemm_serving import call_key
+
+    t = lambda *shape: SimpleNamespace(shape=shape)  # noqa: E731
+    gemm = call_key("fp8_gemm_nt", ((t(77, 1024), None), (t(8192, 1024), None), None))
+    einsum = call_key("fp8_einsum", ("bhr,hdr->bhd", (t(5, 2, 4096), None), (t(2, 1024, 4096), None), None))
+    hc = call_key("tf32_hc_prenorm_gemm", (t(9, 16384), t(24, 16384), None, None, 16))
+    assert gemm == {"op": "fp8_gemm_nt", "n": 8192, "k": 1024, "m": 77}
+    assert einsum == {"op": "fp8_einsum", "n": 1024, "k": 4096, "m": 5, "groups": 2}
+    assert hc == {"op": "tf32_hc_prenorm_gemm", "n": 24, "k": 16384, "m": 9, "splits": 16}
+    assert recorded_op(hc)["splits"] == [16] and recorded_op(einsum)["groups"] == 2
+    assert call_key("fp8_fp4_mqa_logits", ()) is None
+
+
+def test_manifest_checks_deepgemm_launches() -> None:
+    from nojit.loader.manifest import DeepGemmLaunch, _Fields
+
+    good = {"entry": "sm90_fp8_gemm_1d2d.0123abcd", "source": "#include <x>\nint y;\n",
+            "calls": [["attention.wq_b", 8192, 1024, 1, 31]]}
+    launch = DeepGemmLaunch.from_json(_Fields(good, "launch", "b.nojit"))
+    assert launch.calls == (("attention.wq_b", 8192, 1024, 1, 31),) and launch.to_json() == good
+    for bad, field in (({"entry": "../x.00"}, "entry"), ({"entry": "sm90.xyz"}, "entry"),
+                       ({"calls": [["s", 1, 2, 3]]}, "calls"), ({"source": "a\0b"}, "source")):
+        with pytest.raises(BundleCorruptError, match=f"launch.{field}"):
+            DeepGemmLaunch.from_json(_Fields({**good, **bad}, "launch", "b.nojit"))

@@ -124,8 +124,8 @@ def main() -> int:
             try:
                 case.update(ops[row["op"]](dg, torch, row, m, i, use_ue8m0, args.iters))
                 case["ok"] = case["ok"] and len(firewall.refused) == refused_before and expected is not None
-            except RuntimeError as exc:
-                case.update(ok=False, error=str(exc).splitlines()[0][:300])
+            except Exception as exc:  # noqa: BLE001 - a refused or failing case is reported, the others still run
+                case.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
             ok &= case["ok"]
             result["cases"].append(case)
             print(json.dumps(case))

@@ -69,7 +69,8 @@ def find_nvcc() -> str:
         if cand and os.access(cand, os.X_OK):
             return cand
     raise BuildError("no nvcc found for DeepGEMM entries",
-                     fix="install nvcc 13.x (e.g. the nvidia-cuda-nvcc wheel) or set NOJIT_NVCC")
+                     fix="install nvcc 13.x (e.g. the nvidia-cuda-nvcc wheel) or set NOJIT_NVCC; or build without "
+                     "DeepGEMM (--runtime triton,tilelang)")
 
 
 def _cuda_include(nvcc: str) -> str:
