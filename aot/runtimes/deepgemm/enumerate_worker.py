@@ -41,7 +41,7 @@ def main() -> None:
     use_ue8m0 = bool(envs.VLLM_USE_DEEP_GEMM_E8M0)  # vllm/utils/deep_gemm.py:138 fp8_gemm_nt's cast flag
     cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
     log_path = os.environ["NOJIT_DG_LOG"]
-    open(log_path, "a").close()
+    open(log_path, "w").close()  # events of an earlier run in this folder would shift the library numbering
     log = open(log_path)
     libraries: dict[int, str] = {}
     library_paths: dict[int, str] = {}

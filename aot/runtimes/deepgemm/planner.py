@@ -35,6 +35,10 @@ from nojit.loader.manifest import DeepGemmLaunch
 NAME = "deepgemm"
 GROUP = "deepgemm"  # the --groups name that selects DeepGEMM's entries
 VLLM_MODULE = "vllm.utils.deep_gemm"
+# the kernel each op launches on sm90 (DeepGEMM's jit_kernels/impls): a cross-check of the enumeration's
+# attribution of launches to cache entries
+SM90_KERNEL = {"fp8_gemm_nt": "sm90_fp8_gemm_1d2d", "fp8_einsum": "sm90_fp8_gemm_1d2d",
+               "tf32_hc_prenorm_gemm": "sm90_tf32_hc_prenorm_gemm"}
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,10 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
         source_hash = headers_digest(package)
         by_op: dict[str, dict[str, list[dict]]] = {}
         for key in en.keys:
+            if key["entry"].partition(".")[0] != SM90_KERNEL.get(key["op"], key["entry"].partition(".")[0]):
+                raise BuildError(f"DeepGEMM enumeration attributed {key['op']} N={key['n']} K={key['k']} M={key['m']} "
+                                 f"to {key['entry']}, not a {SM90_KERNEL[key['op']]} kernel",
+                                 fix="a nojit bug in the enumeration's driver log (enumerate_worker.py); report it")
             by_op.setdefault(key["op"], {}).setdefault(key["entry"], []).append(key)
         for op, entries in sorted(by_op.items()):
             p.add_kernel(kernel_id(op), PlanKernel(NAME, source_hash, [], _kernel_info(op, d, en.nvcc_version)))
