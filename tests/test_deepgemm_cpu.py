@@ -74,7 +74,7 @@ def test_deepgemm_own_lookup_finds_seeded_entries_without_a_process(tmp_path) ->
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm import enumerate as en
     from nojit.aot.runtimes.deepgemm.lookup import lookup_check
-    from nojit.aot.runtimes.deepgemm.shapes import fp8_gemm_nt_shapes
+    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
 
     try:
         en.find_nvcc()
@@ -85,7 +85,7 @@ def test_deepgemm_own_lookup_finds_seeded_entries_without_a_process(tmp_path) ->
     d = load_deployment()
     ms = [1, 64, 4096]
     e = en.enumerate_keys(d, str(tmp_path / "enum"), ms=ms)
-    per_shape = {s.name for s in fp8_gemm_nt_shapes(d)}
+    per_shape = {s.name for shapes in deepgemm_shapes(d).values() for s in shapes}
     assert {k["name"] for k in e.keys} == per_shape and len(e.keys) == len(per_shape) * len(ms)
     blobs, entries = {}, {}
     for name in e.entries():  # placeholder cubins: the fake driver loads paths, it runs nothing

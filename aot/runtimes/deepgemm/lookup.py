@@ -20,7 +20,7 @@ from typing import Any
 from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.enumerate import build_stand_ins, find_nvcc
 from nojit.aot.runtimes.deepgemm.planner import kernel_id
-from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, fp8_gemm_nt_shapes, op_row
+from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
 from nojit.loader.deepgemm_cache import find_key, seed
 
 
@@ -113,7 +113,7 @@ def lookup_check(d: Deployment, section: dict[str, Any], read_blob: Callable[[st
     env = {**os.environ, **build_stand_ins(work, find_nvcc()), "NOJIT_DG_NUM_SMS": str(d.platform.sm_count),
            "DG_JIT_CACHE_DIR": root, "DG_JIT_NVCC_COMPILER": stub, "CUDA_HOME": root}
     ms = ms or list(range(1, d.max_num_batched_tokens + 1))
-    ops = [{"op": "fp8_gemm_nt", "name": s.name, "n": s.n, "k": s.k, "ms": ms} for s in fp8_gemm_nt_shapes(d)]
+    ops = [op_row(op, s, ms, d.platform.sm_count) for op, shapes in deepgemm_shapes(d).items() for s in shapes]
     spec_path, out_path = os.path.join(work, "lookup-spec.json"), os.path.join(work, "lookup.jsonl")
     with open(spec_path, "w") as f:
         json.dump({"ops": ops, "num_sms": d.platform.sm_count, "pdl": d.platform.pdl, "out": out_path,
@@ -130,7 +130,7 @@ def lookup_check(d: Deployment, section: dict[str, Any], read_blob: Callable[[st
         rows = [json.loads(line) for line in f]
     with open(out_path + ".firewall.json") as f:
         firewall = json.load(f)
-    wrong = [r for r in rows if r["error"] or r["entry"] != find_key(section, r["op"], r["n"], r["k"], r["m"])
+    wrong = [r for r in rows if r["error"] or r["entry"] != find_key(section, r["op"], r["n"], r["k"], r["m"], r["name"])
              or not (r["library"] or "").startswith(root + os.sep)]
     started: list[str] | None = []
     if strace:
