@@ -23,7 +23,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError, BundleMismatchError
@@ -104,23 +104,24 @@ def headers_digest(package_dir: str) -> str:
     return h.hexdigest()
 
 
-def section_of(manifest: Any, kernel_ids: list[str]) -> dict[str, Any]:
+def section_of(records: Mapping[str, Any], entries_of: Callable[[str], Iterable[Any]],
+               kernel_ids: list[str]) -> dict[str, Any]:
     """The section (module docstring) for the bundle's DeepGEMM kernels: entries and keys from their
-    entries' launches, the facts DeepGEMM's key depends on from their kernel records (one value each)."""
+    entries' launches (entries_of: kernel id -> its Entry records), the facts DeepGEMM's key depends on
+    from their kernel records (one value each)."""
     section: dict[str, Any] = {"entries": {}, "keys": []}
     for kid in kernel_ids:
-        info = manifest.kernels[kid].info
+        info = records[kid].info
         for fact in ("deep_gemm_version", "nvcc_version", "sm_count", "pdl", "use_ue8m0"):
             if section.setdefault(fact, info.get(fact)) != info.get(fact):
                 raise BundleCorruptError(f"DeepGEMM kernels of the bundle disagree on {fact}",
                                          fix="rebuild the bundle with `nojit build`")
-    wanted = set(kernel_ids)
-    for e in manifest.entries:
-        if e.kernel not in wanted:
-            continue
-        launch, op = e.launch, e.kernel.rpartition(":")[2]
-        section["entries"][launch.entry] = {"cubin": e.blob, "source": launch.source}
-        section["keys"].extend([op, *call, launch.entry] for call in launch.calls)
+    for kid in kernel_ids:
+        op = kid.rpartition(":")[2]
+        for e in entries_of(kid):
+            launch = e.launch
+            section["entries"][launch.entry] = {"cubin": e.blob, "source": launch.source}
+            section["keys"].extend([op, *call, launch.entry] for call in launch.calls)
     section["keys"].sort()
     return section
 

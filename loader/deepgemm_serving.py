@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,10 +175,10 @@ def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes],
     return serving
 
 
-def install_from_bundle(bundle: Any, kernel_ids: list[str], mode: Mode, recorder: KeyRecorder | None,
-                        allow: frozenset[str]) -> DeepGemmServing:
-    """install_deepgemm for the DeepGEMM kernels of an opened bundle (loader/install.py)."""
-    section = section_of(bundle.manifest, kernel_ids)
-    hashes = {bundle.manifest.kernels[k].source_hash for k in kernel_ids}
+def install_from_bundle(bundle: Any, records: Mapping[str, Any], kernel_ids: list[str], mode: Mode,
+                        recorder: KeyRecorder | None, allow: frozenset[str]) -> DeepGemmServing:
+    """install_deepgemm for the DeepGEMM kernels of an opened bundle (loader/install.py; records: its kernel records)."""
+    section = section_of(records, bundle.entries, kernel_ids)
+    hashes = {records[k].source_hash for k in kernel_ids}
     return install_deepgemm(section, bundle.read_blob, bundle.path, mode, recorder,
                             source_hash=hashes.pop() if len(hashes) == 1 else "", allow=allow)

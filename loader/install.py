@@ -227,7 +227,7 @@ def install(
         if deepgemm_ids:  # after firewall.activate: DeepGEMM's compiler ends at the stand-in, its probe answered
             from nojit.loader.deepgemm_serving import install_from_bundle
 
-            inst.deepgemm = install_from_bundle(bundle, deepgemm_ids, mode, recorder, allow)
+            inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
         from nojit.loader.cuda_launch import launcher
         from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability

@@ -51,7 +51,7 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
 
     bundle = Bundle.open(bundle_path)
     ids = [k for k, rec in bundle.manifest.kernels.items() if rec.runtime == "deepgemm"]
-    section = section_of(bundle.manifest, ids)
+    section = section_of(bundle.manifest.kernels, bundle.entries, ids)
     os.makedirs(work, exist_ok=True)
     env = {**os.environ, **build_stand_ins(work, find_nvcc()), "NOJIT_DG_NUM_SMS": str(d.platform.sm_count),
            "NOJIT_DEEPGEMM_DIR": os.path.join(work, "seeded"), "NOJIT_MODE": "strict",
