@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,7 +35,11 @@ def section_digest(section: dict[str, Any]) -> str:
 
 
 def cache_root(section: dict[str, Any], base: str | None = None) -> str:
-    base = base or os.environ.get("NOJIT_DEEPGEMM_DIR") or os.path.join(tempfile.gettempdir(), "nojit-deepgemm")
+    if not base and not os.environ.get("NOJIT_DEEPGEMM_DIR"):
+        from nojit.loader.firewall import runtime_dir  # this user's 0700 folder: nobody else can add entries
+
+        base = os.path.join(runtime_dir(), "deepgemm")
+    base = base or os.environ["NOJIT_DEEPGEMM_DIR"]
     return os.path.join(base, section_digest(section))
 
 
