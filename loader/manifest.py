@@ -546,6 +546,8 @@ def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: di
         _check_triton_key(ef, key, launch, record)
     elif record.runtime == "deepgemm":
         launch = DeepGemmLaunch.from_json(lf)  # key: the entry name, or a call recorded by NOJIT_MODE=record
+        if not (key == launch.entry or isinstance(key, dict)):
+            raise ef._bad("key", f"names {str(key)[:80]!r}, its launch serves {launch.entry}")
     else:
         launch = TileLangLaunch.from_json(lf)
         _check_tilelang_key(ef, key, launch)
