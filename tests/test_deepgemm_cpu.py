@@ -4,7 +4,8 @@ The lookup tests run vLLM's vendored DeepGEMM for real on a GPU-less box (its de
 driver answered by the build-side stand-ins) and need a C compiler and CUDA headers (nvcc's toolkit);
 they are skipped without them. The build tests run `nojit build --runtime deepgemm` for the default
 deployment with a stand-in nvcc (placeholder cubins: the real compile is ~40 s per entry and is checked
-on the H200, tests/gpu/check_deepgemm.py). About N minutes in all.
+on the H200, tests/gpu/check_deepgemm.py). 14 minutes in all on the shared 2-core box at load ~20 (the
+build's enumeration of 90,112 calls and the strict lookup of all of them under strace dominate).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def test_deepgemm_own_lookup_finds_seeded_entries_without_a_process(tmp_path) ->
     if not shutil.which(os.environ.get("CC", "cc")):
         pytest.skip("no C compiler")
     d = load_deployment()
-    ms = [1, 64, 4096]
+    ms = [64]  # every M: test_strict_install_serves_every_m_... (this one shows a missing entry is refused)
     e = en.enumerate_keys(d, str(tmp_path / "enum"), ms=ms)
     per_shape = {s.name for shapes in deepgemm_shapes(d).values() for s in shapes}
     assert {k["name"] for k in e.keys} == per_shape and len(e.keys) == len(per_shape) * len(ms)
