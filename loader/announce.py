@@ -39,7 +39,8 @@ def summary_line(inst: object) -> str:
                          if v)
     runtimes = [k.runtime for k in m.kernels.values()]
     cute = f" + {runtimes.count('cutedsl')} CuTeDSL" if "cutedsl" in runtimes else ""
-    kernels = (f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang{cute} kernels, "
+    deepgemm = f" + {runtimes.count('deepgemm')} DeepGEMM" if "deepgemm" in runtimes else ""
+    kernels = (f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang{cute}{deepgemm} kernels, "
                f"{len(m.entries)} entries")
     return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
             f"mode {inst.mode.value}; firewall {firewall_state(inst)}")

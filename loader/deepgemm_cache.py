@@ -22,8 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError, BundleMismatchError
@@ -36,7 +35,11 @@ def section_digest(section: dict[str, Any]) -> str:
 
 
 def cache_root(section: dict[str, Any], base: str | None = None) -> str:
-    base = base or os.environ.get("NOJIT_DEEPGEMM_DIR") or os.path.join(tempfile.gettempdir(), "nojit-deepgemm")
+    if not base and not os.environ.get("NOJIT_DEEPGEMM_DIR"):
+        from nojit.loader.firewall import runtime_dir  # this user's 0700 folder: nobody else can add entries
+
+        base = os.path.join(runtime_dir(), "deepgemm")
+    base = base or os.environ["NOJIT_DEEPGEMM_DIR"]
     return os.path.join(base, section_digest(section))
 
 
@@ -87,10 +90,50 @@ def check_headers(package_dir: str, bundle_path: str) -> None:
             fix="install vLLM's vendored DeepGEMM with its include/ folder unchanged (the build hashed those headers)")
 
 
-def find_key(section: dict[str, Any], op: str, n: int, k: int, m: int) -> str | None:
-    """The entry the build saw DeepGEMM pick for (op, n, k, m), for messages and coverage."""
+def headers_digest(package_dir: str) -> str:
+    """DeepGEMM's version and every header under include/deep_gemm: what DeepGEMM hashes into each entry
+    name besides the generated source, so the bundle's kernel records carry it as their source digest."""
+    h = hashlib.sha256()
+    with open(os.path.join(package_dir, "__init__.py"), "rb") as f:
+        h.update(f.read())
+    headers = os.path.join(package_dir, "include", "deep_gemm")
+    for folder, dirs, names in sorted(os.walk(headers)):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            h.update(os.path.relpath(path, headers).encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def section_of(records: Mapping[str, Any], entries_of: Callable[[str], Iterable[Any]],
+               kernel_ids: list[str]) -> dict[str, Any]:
+    """The section (module docstring) for the bundle's DeepGEMM kernels: entries and keys from their
+    entries' launches (entries_of: kernel id -> its Entry records), the facts DeepGEMM's key depends on
+    from their kernel records (one value each)."""
+    section: dict[str, Any] = {"entries": {}, "keys": []}
+    for kid in kernel_ids:
+        info = records[kid].info
+        for fact in ("deep_gemm_version", "nvcc_version", "sm_count", "pdl", "use_ue8m0"):
+            if section.setdefault(fact, info.get(fact)) != info.get(fact):
+                raise BundleCorruptError(f"DeepGEMM kernels of the bundle disagree on {fact}",
+                                         fix="rebuild the bundle with `nojit build`")
+    for kid in kernel_ids:
+        op = kid.rpartition(":")[2]
+        for e in entries_of(kid):
+            launch = e.launch
+            section["entries"][launch.entry] = {"cubin": e.blob, "source": launch.source}
+            section["keys"].extend([op, *call, launch.entry] for call in launch.calls)
+    section["keys"].sort()
+    return section
+
+
+def find_key(section: dict[str, Any], op: str, n: int, k: int, m: int, shape: str | None = None) -> str | None:
+    """The entry the build saw DeepGEMM pick for (op, n, k, m) (of the named shape: two mHC call sites share
+    N and K and differ in their split count), for messages and checks."""
     for row in section["keys"]:
-        if row[0] == op and row[2] == n and row[3] == k and row[4] <= m <= row[5]:
+        if row[0] == op and row[2] == n and row[3] == k and row[4] <= m <= row[5] and shape in (None, row[1]):
             return row[6]
     return None
 

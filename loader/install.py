@@ -123,6 +123,7 @@ class Installation:
     triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
     tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
     cutedsl: dict[str, Any] = field(default_factory=dict)  # kernel id -> CuteKernelServer (cutedsl_serving)
+    deepgemm: Any = None  # DeepGemmServing (loader/deepgemm_serving.py) when the bundle has DeepGEMM entries
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
@@ -147,6 +148,12 @@ class Installation:
         self.triton.clear()
         self.tilelang.clear()
         self.cutedsl.clear()
+        if self.deepgemm is not None:  # vLLM's DeepGEMM entry points back (the probe answer stays in place)
+            import vllm.utils.deep_gemm as vllm_dg
+
+            for op, original in self.deepgemm.originals.items():
+                setattr(vllm_dg, op, original)
+            self.deepgemm = None
         from nojit.loader import guards, triton_driver
 
         guards.deactivate()
@@ -225,6 +232,11 @@ def install(
             from nojit.loader import cutedsl_serving
 
             inst.cutedsl = cutedsl_serving.install(bundle, cutedsl_ids, policy, allow, resolve)
+        deepgemm_ids = [k for k in wanted if records[k].runtime == "deepgemm"]
+        if deepgemm_ids:  # after firewall.activate: DeepGEMM's compiler ends at the stand-in, its probe answered
+            from nojit.loader.deepgemm_serving import install_from_bundle
+
+            inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
         from nojit.loader.cuda_launch import launcher
         from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability

@@ -16,7 +16,7 @@ from typing import Any
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 1
-RUNTIMES = ("triton", "tilelang", "cutedsl")
+RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
@@ -390,6 +390,37 @@ class CuteLaunch:
 
 
 @dataclass(frozen=True)
+class DeepGemmLaunch:
+    """One DeepGEMM cache entry: DeepGEMM launches it itself, after finding it by this name in the cache
+    the loader seeds (loader/deepgemm_cache.py). source is the kernel.cu DeepGEMM generated; calls are the
+    (shape, N, K, first M, last M) runs the build saw DeepGEMM pick this entry for (messages, coverage)."""
+
+    entry: str
+    source: str
+    calls: tuple[tuple[str, int, int, int, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entry": self.entry, "source": self.source, "calls": [list(c) for c in self.calls]}
+
+    @classmethod
+    def from_json(cls, f: _Fields) -> DeepGemmLaunch:
+        entry = f.str("entry", max_len=256)
+        stem, dot, digest = entry.partition(".")
+        if not (dot and stem.isidentifier() and digest and set(digest) <= _HEX):
+            raise f._bad("entry", f"= {entry!r:.80} is not a DeepGEMM cache entry name (<kernel>.<hex digest>)")
+        calls = []
+        for c in f.get("calls", list):
+            if not (isinstance(c, list) and len(c) == 5 and isinstance(c[0], str)
+                    and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 40 for x in c[1:])):
+                raise f._bad("calls", "holds a call that is not [shape, N, K, first M, last M]")
+            calls.append((c[0], c[1], c[2], c[3], c[4]))
+        source = f.get("source", str)  # C++ text: newlines are part of it
+        if len(source) > 1 << 16 or "\0" in source:
+            raise f._bad("source", "is not a DeepGEMM kernel.cu (too long or holds NUL)")
+        return cls(entry, source, tuple(calls))
+
+
+@dataclass(frozen=True)
 class KernelRecord:
     """One kernel function: identity, which runtime compiled it, and its source digest.
 
@@ -432,7 +463,7 @@ class Entry:
     key: Any  # JSON form; decoded by the runtime's key module (triton_key / tilelang_key)
     variant: str
     blob: str
-    launch: TritonLaunch | TileLangLaunch | CuteLaunch
+    launch: TritonLaunch | TileLangLaunch | CuteLaunch | DeepGemmLaunch
     origin: str = "declared"
 
     def to_json(self) -> dict[str, Any]:
@@ -530,8 +561,12 @@ def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: di
     key = _check_json_value(ef.obj["key"], ef)
     lf = ef.sub("launch")
     if record.runtime == "triton":
-        launch: TritonLaunch | TileLangLaunch | CuteLaunch = TritonLaunch.from_json(lf)
+        launch: TritonLaunch | TileLangLaunch | CuteLaunch | DeepGemmLaunch = TritonLaunch.from_json(lf)
         _check_triton_key(ef, key, launch, record)
+    elif record.runtime == "deepgemm":
+        launch = DeepGemmLaunch.from_json(lf)  # key: the entry name, or a call recorded by NOJIT_MODE=record
+        if not (key == launch.entry or isinstance(key, dict)):
+            raise ef._bad("key", f"names {str(key)[:80]!r}, its launch serves {launch.entry}")
     elif record.runtime == "cutedsl":
         launch = CuteLaunch.from_json(lf)
         _check_cute_key(ef, key)

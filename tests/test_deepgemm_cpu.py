@@ -1,17 +1,24 @@
 """DeepGEMM ahead of time on the CPU: the probe firewall, the seeded cache, and DeepGEMM's own lookup.
 
-The lookup test runs vLLM's vendored DeepGEMM for real on a GPU-less box (its device queries and the
-driver answered by the build-side stand-ins) and needs a C compiler and CUDA headers (nvcc's toolkit);
-it is skipped without them. It takes about a minute.
+The lookup tests run vLLM's vendored DeepGEMM for real on a GPU-less box (its device queries and the
+driver answered by the build-side stand-ins) and need a C compiler and CUDA headers (nvcc's toolkit);
+they are skipped without them. The build tests run `nojit build --runtime deepgemm` for the default
+deployment with a stand-in nvcc (placeholder cubins: the real compile is ~40 s per entry and is checked
+on the H200, tests/gpu/check_deepgemm.py). 14 minutes in all on the shared 2-core box at load ~20 (the
+build's enumeration of 90,112 calls and the strict lookup of all of them under strace dominate).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
+import subprocess
 
 import pytest
+from conftest import run_cli
 
 from nojit.loader.deepgemm_cache import compress_keys, find_key, seed
 from nojit.loader.errors import BundleCorruptError
@@ -68,7 +75,7 @@ def test_deepgemm_own_lookup_finds_seeded_entries_without_a_process(tmp_path) ->
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm import enumerate as en
     from nojit.aot.runtimes.deepgemm.lookup import lookup_check
-    from nojit.aot.runtimes.deepgemm.shapes import fp8_gemm_nt_shapes
+    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
 
     try:
         en.find_nvcc()
@@ -77,9 +84,9 @@ def test_deepgemm_own_lookup_finds_seeded_entries_without_a_process(tmp_path) ->
     if not shutil.which(os.environ.get("CC", "cc")):
         pytest.skip("no C compiler")
     d = load_deployment()
-    ms = [1, 64, 4096]
+    ms = [64]  # every M: test_strict_install_serves_every_m_... (this one shows a missing entry is refused)
     e = en.enumerate_keys(d, str(tmp_path / "enum"), ms=ms)
-    per_shape = {s.name for s in fp8_gemm_nt_shapes(d)}
+    per_shape = {s.name for shapes in deepgemm_shapes(d).values() for s in shapes}
     assert {k["name"] for k in e.keys} == per_shape and len(e.keys) == len(per_shape) * len(ms)
     blobs, entries = {}, {}
     for name in e.entries():  # placeholder cubins: the fake driver loads paths, it runs nothing
@@ -129,3 +136,154 @@ def test_strict_refusal_names_kernel_shape_and_m(tmp_path) -> None:
     text = str(info.value)
     assert "deep_gemm:fp8_gemm_nt" in text and "N=8192 K=1024 M=77" in text
     assert "sm90_fp8_gemm_1d2d_impl<K, 0, 8192, 1024, 64, 32>" in text and "--add-keys" in text
+
+
+# ------------------------------------------------------------------------------ the runtime in `nojit build`
+FAKE_NVCC = """#!/bin/sh
+# test stand-in for nvcc: the real nvcc's --version text (DeepGEMM hashes it into its entry names);
+# a compile appends its arguments to compiles.log and writes a placeholder cubin that depends on the source
+here=$(dirname "$0")
+if [ "$1" = "--version" ]; then exec cat "$here/../version.txt"; fi
+out=""; prev=""
+for a in "$@"; do if [ "$prev" = "--output-file" ] || [ "$prev" = "-o" ]; then out=$a; fi; prev=$a; done
+echo "$*" >> "$here/../compiles.log"
+printf 'placeholder cubin for %s\\n' "$(cksum < "$1")" > "$out"
+"""
+
+
+def _fake_toolkit(root) -> dict[str, str]:
+    """A CUDA toolkit folder whose nvcc answers like the real one and compiles nothing (placeholder cubins:
+    the enumeration's fake driver loads paths and runs nothing); the real toolkit's headers for the stand-ins."""
+    from nojit.aot.runtimes.deepgemm import enumerate as en
+
+    real = en.find_nvcc()
+    (root / "bin").mkdir(parents=True)
+    os.symlink(en._cuda_include(real), root / "include")
+    (root / "version.txt").write_text(subprocess.run([real, "--version"], capture_output=True, text=True).stdout)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    return {"NOJIT_NVCC": str(nvcc)}
+
+
+def _compiles(root) -> int:
+    log = root / "compiles.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def deepgemm_build(tmp_path_factory):
+    """The default deployment's DeepGEMM entries built by `nojit build --runtime deepgemm`, nvcc faked."""
+    from nojit.aot.runtimes.deepgemm import enumerate as en
+
+    try:
+        en.find_nvcc()
+    except Exception:  # noqa: BLE001
+        pytest.skip("no CUDA toolkit (cuda.h, nvcc --version) on this box")
+    if not shutil.which(os.environ.get("CC", "cc")):
+        pytest.skip("no C compiler")
+    d = tmp_path_factory.mktemp("deepgemm")
+    env = _fake_toolkit(d / "cuda")
+    bundle, plan = str(d / "dg.nojit"), str(d / "dg.plan.json")
+    run_cli("build", "--runtime", "deepgemm", "-o", bundle, "--emit-plan", plan, "--cache-dir", str(d / "cache"),
+            "-j", "2", "--quiet", env=env)
+    return {"dir": d, "env": env, "bundle": bundle, "plan": plan, "toolkit": d / "cuda"}
+
+
+def test_build_compiles_each_entry_once_and_a_rebuild_none(deepgemm_build) -> None:
+    from nojit.loader.bundle_file import Bundle
+
+    b = deepgemm_build
+    m = Bundle.open(b["bundle"]).manifest
+    names = {e.launch.entry for e in m.entries}
+    assert len(names) == len(m.entries) > 0 and _compiles(b["toolkit"]) == len(names)
+    calls = [c for e in m.entries for c in e.launch.calls]
+    per_shape: dict = {}
+    for shape, _n, _k, first, last in calls:
+        per_shape.setdefault(shape, []).append((first, last))
+    for ranges in per_shape.values():  # every M from 1 to max_num_batched_tokens maps to exactly one entry
+        ranges.sort()
+        assert ranges[0][0] == 1 and ranges[-1][1] == 8192
+        assert all(a[1] + 1 == b2[0] for a, b2 in zip(ranges, ranges[1:]))
+    again = str(b["dir"] / "again.nojit")
+    run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "-o", again, "--cache-dir",
+            str(b["dir"] / "cache"), "--quiet", env=b["env"])
+    assert _compiles(b["toolkit"]) == len(names)  # the cache answered every entry
+    assert open(again, "rb").read() == open(b["bundle"], "rb").read()
+
+
+def test_inspect_and_coverage_show_deepgemm_entries(deepgemm_build) -> None:
+    b = deepgemm_build
+    text = run_cli("inspect", b["bundle"]).stdout
+    assert re.search(r"vllm\.utils\.deep_gemm:fp8_gemm_nt\s+deepgemm\s+\d+", text), text
+    keys = run_cli("inspect", b["bundle"], "--keys").stdout
+    assert "sm90_fp8_gemm_1d2d." in keys
+    cov = run_cli("coverage", b["bundle"], "--plan", b["plan"], "--fail-under", "100").stdout
+    row = next(line for line in cov.splitlines() if line.startswith("vllm.utils.deep_gemm:fp8_gemm_nt"))
+    assert row.split()[1] == "deepgemm" and row.split()[-1] == "100.0" and row.split()[-2] == "0"
+
+
+def test_strict_install_serves_every_m_through_deepgemms_own_lookup_without_a_process(deepgemm_build, tmp_path) -> None:
+    """Must-show 1: install(bundle, strict) with the compiler firewall up, then DeepGEMM's real op for every
+    shape at every M = 1..8192 (exec-traced with strace when installed)."""
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.runtimes.deepgemm.lookup import bundle_lookup_check
+
+    d = load_deployment()
+    result = bundle_lookup_check(d, deepgemm_build["bundle"], str(tmp_path / "lookup"))
+    assert result["ok"], {k: v for k, v in result.items() if k != "wrong"} | {"wrong": result.get("wrong")}
+    assert result["keys"] == result["shapes"] * d.max_num_batched_tokens and result["probe_answered"] == 1
+    assert "/fw-" in result["nvcc_compiler"]  # DG_JIT_NVCC_COMPILER ends at strict mode's stand-in
+    if result["traced"]:
+        assert result["processes_started"] == []
+
+
+def test_recorded_key_is_added_by_add_keys(deepgemm_build, tmp_path) -> None:
+    """NOJIT_MODE=record's line for a DeepGEMM miss (M beyond the deployment's limit) -> `--add-keys`."""
+    from nojit.loader.bundle_file import Bundle
+
+    b = deepgemm_build
+    m = Bundle.open(b["bundle"]).manifest
+    kid = "vllm.utils.deep_gemm:fp8_gemm_nt"
+    n, k = m.entries[0].launch.calls[0][1:3]
+    record = tmp_path / "keys.jsonl"
+    record.write_text(json.dumps({"kernel": kid, "runtime": "deepgemm", "outcome": "miss",
+                                  "key": {"op": "fp8_gemm_nt", "n": n, "k": k, "m": 9000},
+                                  "source_hash": m.kernels[kid].source_hash}) + "\n")
+    out = str(tmp_path / "more.nojit")
+    run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "--add-keys", str(record), "-o", out,
+            "--cache-dir", str(b["dir"] / "cache"), "--quiet", env=b["env"])
+    added = [e for e in Bundle.open(out).manifest.entries if isinstance(e.key, dict)]
+    assert len(added) == 1 and added[0].key["m"] == 9000 and added[0].origin.startswith("recorded:")
+    assert added[0].launch.entry.startswith("sm90_fp8_gemm_1d2d.") and added[0].launch.calls[0][3:] == (9000, 9000)
+
+
+def test_call_key_decodes_what_add_keys_resolves() -> None:
+    """Record mode's key of each served op carries what the enumeration needs to find DeepGEMM's entry again."""
+    from types import SimpleNamespace
+
+    from nojit.aot.runtimes.deepgemm.enumerate import recorded_op
+    from nojit.loader.deepgemm_serving import call_key
+
+    t = lambda *shape: SimpleNamespace(shape=shape)  # noqa: E731
+    gemm = call_key("fp8_gemm_nt", ((t(77, 1024), None), (t(8192, 1024), None), None))
+    einsum = call_key("fp8_einsum", ("bhr,hdr->bhd", (t(5, 2, 4096), None), (t(2, 1024, 4096), None), None))
+    hc = call_key("tf32_hc_prenorm_gemm", (t(9, 16384), t(24, 16384), None, None, 16))
+    assert gemm == {"op": "fp8_gemm_nt", "n": 8192, "k": 1024, "m": 77}
+    assert einsum == {"op": "fp8_einsum", "n": 1024, "k": 4096, "m": 5, "groups": 2}
+    assert hc == {"op": "tf32_hc_prenorm_gemm", "n": 24, "k": 16384, "m": 9, "splits": 16}
+    assert recorded_op(hc)["splits"] == [16] and recorded_op(einsum)["groups"] == 2
+    assert call_key("fp8_fp4_mqa_logits", ()) is None
+
+
+def test_manifest_checks_deepgemm_launches() -> None:
+    from nojit.loader.manifest import DeepGemmLaunch, _Fields
+
+    good = {"entry": "sm90_fp8_gemm_1d2d.0123abcd", "source": "#include <x>\nint y;\n",
+            "calls": [["attention.wq_b", 8192, 1024, 1, 31]]}
+    launch = DeepGemmLaunch.from_json(_Fields(good, "launch", "b.nojit"))
+    assert launch.calls == (("attention.wq_b", 8192, 1024, 1, 31),) and launch.to_json() == good
+    for bad, field in (({"entry": "../x.00"}, "entry"), ({"entry": "sm90.xyz"}, "entry"),
+                       ({"calls": [["s", 1, 2, 3]]}, "calls"), ({"source": "a\0b"}, "source")):
+        with pytest.raises(BundleCorruptError, match=f"launch.{field}"):
+            DeepGemmLaunch.from_json(_Fields({**good, **bad}, "launch", "b.nojit"))

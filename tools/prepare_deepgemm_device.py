@@ -9,7 +9,8 @@ for the given shapes at the given M, and copies what the device needs into the i
                                     each lookup, a hit included), without include/cute and include/cutlass
                                     (27 MiB that only a compile reads)
     .device/deepgemm/lib/           libcudart.so.13, which the extension links against
-Usage: python tools/prepare_deepgemm_device.py [--shapes attention.wq_b,attention.wo_b] [--ms 1,31,...] [-j N]
+Usage: python tools/prepare_deepgemm_device.py [--shapes attention.wq_b,attention.wo_a,mhc.pre,...] [--ms 1,31,...] [-j N]
+       python tools/prepare_deepgemm_device.py --every-entry   (every entry of the default deployment checked once)
        python tools/prepare_deepgemm_device.py --package-only   (recopy deep_gemm/ and lib/, keep the entries)
 """
 
@@ -25,12 +26,18 @@ import time
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default="attention.wq_b,attention.wo_b")
+    ap.add_argument("--shapes", default="attention.wq_b,attention.wo_b,attention.wo_a,mhc.pre,mhc.pre_delayed,"
+                    "mhc.pre_broadcast", help="shape names (their first word, shapes.py) to compile and check")
     ap.add_argument("--ms", default="1,31,32,64,513,4096,8192")
     ap.add_argument("-j", type=int, default=2)
     ap.add_argument("--out", default=".device/deepgemm")
     ap.add_argument("--work", default="/tmp/nojit-deepgemm-prepare")
+    ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "nojit"),
+                    help="the compile cache `nojit build` uses (entries compiled before are taken from it)")
     ap.add_argument("--package-only", action="store_true", help="recopy deep_gemm/ and lib/ only")
+    ap.add_argument("--every-entry", action="store_true",
+                    help="every shape, every entry of the default deployment (M = 1..max_num_batched_tokens enumerated): "
+                    "the check runs --ms plus the first M of each run of M that maps to one entry")
     args = ap.parse_args()
     if args.package_only:
         copy_package(args.out)
@@ -39,19 +46,30 @@ def main() -> None:
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm.build import build_deepgemm_section
     from nojit.aot.runtimes.deepgemm.enumerate import enumerate_keys
+    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
 
     d = load_deployment()
     ms = [int(x) for x in args.ms.split(",")]
     wanted = set(args.shapes.split(","))
+    chosen = {s.name for shapes in deepgemm_shapes(d).values() for s in shapes
+              if args.every_entry or s.name.split(" ")[0] in wanted}
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
-    probe = enumerate_keys(d, os.path.join(args.work, "probe"), ms=ms)
-    only = {k["entry"] for k in probe.keys if k["name"] in wanted}
+    only, enum_ms = None, list(range(1, d.max_num_batched_tokens + 1))
+    if not args.every_entry:
+        probe = enumerate_keys(d, os.path.join(args.work, "probe"), ms=ms)
+        only, enum_ms = {k["entry"] for k in probe.keys if k["name"] in chosen}, ms
     start = time.monotonic()
-    section, cubins, stats = build_deepgemm_section(d, os.path.join(args.work, "build"), jobs=args.j, only=only, ms=ms)
+    section, cubins, stats = build_deepgemm_section(d, os.path.join(args.work, "build"), jobs=args.j, only=only,
+                                                     ms=enum_ms, cache_dir=args.cache_dir)
     print(f"compiled {len(section['entries'])} entries in {time.monotonic() - start:.0f} s: {stats}", file=sys.stderr)
-    section["check_shapes"] = sorted(wanted)
-    section["check_ms"] = ms
+
+    def check_ms(op: str, name: str) -> list[int]:
+        runs = {r[4] for r in section["keys"] if r[0] == op and r[1] == name} if args.every_entry else set()
+        return sorted(set(ms) | runs)
+
+    section["check_rows"] = [op_row(op, s, check_ms(op, s.name), d.platform.sm_count)
+                             for op, shapes in deepgemm_shapes(d).items() for s in shapes if s.name in chosen]
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(os.path.join(args.out, "cubins"))
     for sha, raw in cubins.items():

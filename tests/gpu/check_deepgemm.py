@@ -2,11 +2,14 @@
 
 Run from the repository root with .device/deepgemm/ made by tools/prepare_deepgemm_device.py:
     python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm --json $OUT/check_deepgemm.json
-For each bundled shape and M, fp8_gemm_nt (DeepGEMM's own entry point, vLLM's vendored 2.8.1) runs
-on an output poisoned with NaN and is compared with a float32 torch reference of the same FP8
-block-scaled product (1x128 activation scales, 128x128 weight scales), within DeepGEMM's own test
-tolerance for FP8 x FP8 (calc_diff < 0.001: tests/generators.py QuantConfig.max_diff; calc_diff is
-DeepGEMM's testing.numeric). The nvcc probe is answered in process and any compile command refused:
+For each checked shape and M (section["check_rows"]), DeepGEMM's own entry point (vLLM's vendored
+2.8.1) runs on an output poisoned with NaN: fp8_gemm_nt and fp8_einsum (o_proj's "bhr,hdr->bhd") are
+compared with a float32 torch reference of the same FP8 block-scaled product (1x128 activation scales,
+128x128 weight scales) within DeepGEMM's own test tolerance for FP8 x FP8 (calc_diff < 0.001:
+tests/generators.py QuantConfig.max_diff, tests/test_einsum.py), tf32_hc_prenorm_gemm (mHC, vLLM's split
+count for that M) with torch's TF32 product within DeepGEMM's tests/test_hyperconnection.py bound
+(calc_diff < 1e-8; the diff against a strict float32 product is reported too). calc_diff is DeepGEMM's
+testing.numeric. The nvcc probe is answered in process and any compile command refused:
 the check fails if DeepGEMM asked to compile anything or staged a compile. Device time is measured
 with CUDA events against torch._scaled_mm on the same shapes (blockwise scales when this torch has
 them, else tensorwise, said in the output).
@@ -21,7 +24,9 @@ import json
 import os
 import sys
 
-TOLERANCE = 0.001
+TOLERANCE = 0.001  # FP8 x FP8: DeepGEMM's tests/generators.py max_diff and tests/test_einsum.py
+HC_TOLERANCE = 1e-8  # DeepGEMM's tests/test_hyperconnection.py, against a TF32 torch product
+MS = [1, 31, 32, 64, 513, 4096, 8192]
 
 
 def _import_loader(name: str):
@@ -89,9 +94,6 @@ def main() -> int:
         result["load_error"] = str(exc)
         print(f"{exc}\n  -> rerun tools/prepare_deepgemm_device.py --package-only (it copies include/deep_gemm)")
         return finish(1)
-    from deep_gemm.testing.numeric import calc_diff
-    from deep_gemm.utils.math import per_block_cast_to_fp8, per_token_cast_to_fp8
-
     so = [n for n in os.listdir(os.path.dirname(dg.__file__)) if n.startswith("_C_extension")][0]
     firewall = popen.PopenFirewall(nvcc=stub, version_text=section["nvcc_version"])
     firewall.install(os.path.join(os.path.dirname(dg.__file__), so))
@@ -106,36 +108,24 @@ def main() -> int:
     dg.set_num_sms(section["sm_count"])
     use_ue8m0 = bool(section.get("use_ue8m0", True))
 
-    shapes = sorted({(r[1], r[2], r[3]) for r in section["keys"] if r[1] in section.get("check_shapes", [r[1]])})
-    ms = section.get("check_ms", [1, 31, 32, 64, 513, 4096, 8192])
+    rows = section.get("check_rows") or [  # older sections: fp8_gemm_nt shapes only
+        {"op": "fp8_gemm_nt", "name": name, "n": n, "k": k, "groups": 1, "ms": section.get("check_ms", MS)}
+        for name, n, k in sorted({(r[1], r[2], r[3]) for r in section["keys"] if r[0] == "fp8_gemm_nt"
+                                  and r[1] in section.get("check_shapes", [r[1]])})]
     torch.manual_seed(0)
     ok = True
+    ops = {"fp8_gemm_nt": _gemm_case, "fp8_einsum": _einsum_case, "tf32_hc_prenorm_gemm": _hc_case}
     os.access("/nojit-deepgemm-calls-begin", os.F_OK)  # markers for device_run.sh's exec trace
-    for name, n, k in shapes:
-        b_bf16 = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        b, sfb = per_block_cast_to_fp8(b_bf16, use_ue8m0=use_ue8m0)
-        b_ref = (b.float().view(n // 128, 128, k // 128, 128) * sfb.view(n // 128, 1, k // 128, 1)).view(n, k)
-        for m in ms:
-            expected = cache.find_key(section, "fp8_gemm_nt", n, k, m)
-            a_bf16 = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            a, sfa_rows = per_token_cast_to_fp8(a_bf16, use_ue8m0=use_ue8m0)
-            aligned = (m + 3) // 4 * 4  # the MN-major TMA-aligned layout the build enumerated with
-            sfa = torch.empty_strided((m, k // 128), (1, aligned), dtype=torch.float32, device="cuda")
-            sfa.copy_(sfa_rows)
-            a_ref = (a.float().view(m, k // 128, 128) * sfa_rows.view(m, k // 128, 1)).view(m, k)
-            ref = a_ref @ b_ref.T
-            d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    for row in rows:
+        for i, m in enumerate(row["ms"]):
+            expected = cache.find_key(section, row["op"], row["n"], row["k"], m, row["name"])
             refused_before = len(firewall.refused)
-            case = {"shape": name, "n": n, "k": k, "m": m, "entry": expected}
+            case = {"op": row["op"], "shape": row["name"], "n": row["n"], "k": row["k"], "m": m, "entry": expected}
             try:
-                dg.fp8_gemm_nt((a, sfa), (b, sfb), d, disable_ue8m0_cast=not use_ue8m0)
-                torch.cuda.synchronize()
-                diff = float(calc_diff(d, ref))
-                case.update(diff=diff, nan=bool(torch.isnan(d).any()))
-                case["ok"] = diff < TOLERANCE and not case["nan"] and len(firewall.refused) == refused_before
-                case.update(_timing(dg, torch, a, sfa, b, sfb, d, use_ue8m0, args.iters))
-            except RuntimeError as exc:
-                case.update(ok=False, error=str(exc).splitlines()[0][:300])
+                case.update(ops[row["op"]](dg, torch, row, m, i, use_ue8m0, args.iters))
+                case["ok"] = case["ok"] and len(firewall.refused) == refused_before and expected is not None
+            except Exception as exc:  # noqa: BLE001 - a refused or failing case is reported, the others still run
+                case.update(ok=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
             ok &= case["ok"]
             result["cases"].append(case)
             print(json.dumps(case))
@@ -148,16 +138,111 @@ def main() -> int:
     return finish(0 if result["ok"] else 1)
 
 
+def _device_ms(torch, fn, iters: int) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _gemm_case(dg, torch, row: dict, m: int, i: int, use_ue8m0: bool, iters: int) -> dict:
+    """fp8_gemm_nt as vLLM calls it: 1x128 activation scales (MN-major, TMA-aligned), 128x128 weight scales."""
+    from deep_gemm.testing.numeric import calc_diff
+    from deep_gemm.utils.math import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+    n, k = row["n"], row["k"]
+    b, sfb = per_block_cast_to_fp8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16), use_ue8m0=use_ue8m0)
+    b_ref = (b.float().view(n // 128, 128, k // 128, 128) * sfb.view(n // 128, 1, k // 128, 1)).view(n, k)
+    a, sfa_rows = per_token_cast_to_fp8(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), use_ue8m0=use_ue8m0)
+    aligned = (m + 3) // 4 * 4  # the MN-major TMA-aligned layout the build enumerated with
+    sfa = torch.empty_strided((m, k // 128), (1, aligned), dtype=torch.float32, device="cuda")
+    sfa.copy_(sfa_rows)
+    a_ref = (a.float().view(m, k // 128, 128) * sfa_rows.view(m, k // 128, 1)).view(m, k)
+    ref = a_ref @ b_ref.T
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    dg.fp8_gemm_nt((a, sfa), (b, sfb), d, disable_ue8m0_cast=not use_ue8m0)
+    torch.cuda.synchronize()
+    out = {"diff": float(calc_diff(d, ref)), "nan": bool(torch.isnan(d).any())}
+    out["ok"] = out["diff"] < TOLERANCE and not out["nan"]
+    out.update(_timing(dg, torch, a, sfa, b, sfb, d, use_ue8m0, iters))
+    return out
+
+
+def _einsum_case(dg, torch, row: dict, m: int, i: int, use_ue8m0: bool, iters: int) -> dict:
+    """o_proj's fp8_einsum("bhr,hdr->bhd") with the layouts fused_inv_rope_fp8_quant writes on sm90 (x [G, T, r]
+    transposed, its FP32 scales MN-major TMA-aligned), recipe (1, 128, 128); reference: float32 per group."""
+    from deep_gemm.testing.numeric import calc_diff
+    from deep_gemm.utils.math import per_block_cast_to_fp8, per_token_cast_to_fp8
+
+    g, d_out, r = row["groups"], row["n"], row["k"]
+    inner, aligned = r // 128, (m + 3) // 4 * 4
+    x_rows, sx_rows = per_token_cast_to_fp8(torch.randn(g * m, r, device="cuda", dtype=torch.bfloat16),
+                                            use_ue8m0=use_ue8m0)  # rows = (group, token)
+    x = x_rows.view(g, m, r).transpose(0, 1)
+    sx = torch.empty(g * inner * aligned, dtype=torch.float32, device="cuda").as_strided(
+        (g, m, inner), (inner * aligned, 1, aligned))
+    sx.copy_(sx_rows.view(g, m, inner))
+    sx = sx.transpose(0, 1)
+    w = torch.empty(g, d_out, r, dtype=torch.float8_e4m3fn, device="cuda")
+    sw = torch.empty(g, d_out // 128, inner, dtype=torch.float32, device="cuda")
+    for h in range(g):
+        w[h], sw[h] = per_block_cast_to_fp8(torch.randn(d_out, r, device="cuda", dtype=torch.bfloat16),
+                                            use_ue8m0=use_ue8m0)
+    x_ref = (x_rows.float().view(g, m, inner, 128) * sx_rows.view(g, m, inner, 1)).view(g, m, r)
+    w_ref = (w.float().view(g, d_out // 128, 128, inner, 128) * sw.view(g, d_out // 128, 1, inner, 1)).view(g, d_out, r)
+    ref = torch.bmm(x_ref, w_ref.transpose(1, 2)).transpose(0, 1)  # [T, G, d]
+    z = torch.full((m, g, d_out), float("nan"), device="cuda", dtype=torch.bfloat16)
+    dg.fp8_einsum("bhr,hdr->bhd", (x, sx), (w, sw), z, recipe=(1, 128, 128))
+    torch.cuda.synchronize()
+    out = {"diff": float(calc_diff(z, ref)), "nan": bool(torch.isnan(z).any()), "groups": g}
+    out["ok"] = out["diff"] < TOLERANCE and not out["nan"]
+    out["deepgemm_ms"] = _device_ms(torch, lambda: dg.fp8_einsum("bhr,hdr->bhd", (x, sx), (w, sw), z,
+                                                                 recipe=(1, 128, 128)), iters)
+    xb, wb = x_ref.to(torch.bfloat16), w_ref.to(torch.bfloat16)
+    out["baseline_ms"] = _device_ms(torch, lambda: torch.bmm(xb, wb.transpose(1, 2)), iters)
+    out["baseline"] = "cuBLAS bf16 bmm (torch.bmm) of the dequantized operands"
+    return out
+
+
+def _hc_case(dg, torch, row: dict, m: int, i: int, use_ue8m0: bool, iters: int) -> dict:
+    """mHC's tf32_hc_prenorm_gemm with vLLM's split count for this M: out.sum(0) = x.float() @ fn.T and
+    sqrsum.sum(0) = sum(x.float()^2), against torch's TF32 product as DeepGEMM's own test does."""
+    from deep_gemm.testing.numeric import calc_diff
+
+    n, k, splits = row["n"], row["k"], row["splits"][i]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    fn = torch.randn(n, k, device="cuda", dtype=torch.float32)
+    d = torch.full((splits, m, n), float("nan"), device="cuda", dtype=torch.float32)
+    s = torch.full((splits, m), float("nan"), device="cuda", dtype=torch.float32)
+    dg.tf32_hc_prenorm_gemm(x, fn, d, s, num_splits=splits)
+    torch.cuda.synchronize()
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        ref_d = x.float() @ fn.T
+        ref_s = x.float().square().sum(-1)
+        diff = max(float(calc_diff(d.sum(0), ref_d)), float(calc_diff(s.sum(0), ref_s)))
+        out = {"diff": diff, "splits": splits, "nan": bool(torch.isnan(d).any() or torch.isnan(s).any())}
+        torch.backends.cuda.matmul.allow_tf32 = False
+        out["diff_fp32_reference"] = float(calc_diff(d.sum(0), x.float() @ fn.T))  # informational
+        torch.backends.cuda.matmul.allow_tf32 = True
+        out["ok"] = diff < HC_TOLERANCE and not out["nan"]
+        out["deepgemm_ms"] = _device_ms(torch, lambda: dg.tf32_hc_prenorm_gemm(x, fn, d, s, num_splits=splits), iters)
+        xf = x.float()
+        out["baseline_ms"] = _device_ms(torch, lambda: xf @ fn.T, iters)
+        out["baseline"] = "cuBLAS TF32 matmul (x.float() @ fn.T, without the square-sum)"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    return out
+
+
 def _timing(dg, torch, a, sfa, b, sfb, d, use_ue8m0: bool, iters: int) -> dict:
     def device_ms(fn) -> float:
-        fn()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / iters
+        return _device_ms(torch, fn, iters)
 
     out = {"deepgemm_ms": device_ms(lambda: dg.fp8_gemm_nt((a, sfa), (b, sfb), d, disable_ue8m0_cast=not use_ue8m0))}
     m, k = a.shape

@@ -19,6 +19,8 @@ from nojit.aot.models.deepseek_v4.derived import DSV4_DERIVED
 from nojit.aot.models.deepseek_v4.owners import DSV4_OWNERS, REPORT_KERNELS
 from nojit.aot.models.deepseek_v4.runner_derived import RUNNER_DERIVED
 from nojit.aot.models.deepseek_v4.runner_owners import RUNNER_OWNERS
+from nojit.aot.runtimes.deepgemm import DeepGemmTables
+from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
 from nojit.aot.runtimes.tilelang import TileLangTables
 from nojit.aot.runtimes.triton import TritonTables
 
@@ -29,4 +31,6 @@ TRITON = TritonTables(
 )
 TILELANG = TileLangTables(registrations=mhc.registrations)
 
-MODEL = Model(name="deepseek_v4", model_type="deepseek_v4", tables={"triton": TRITON, "tilelang": TILELANG, "cutedsl": CUTEDSL})
+MODEL = Model(name="deepseek_v4", model_type="deepseek_v4",
+              tables={"triton": TRITON, "tilelang": TILELANG, "cutedsl": CUTEDSL,
+                      "deepgemm": DeepGemmTables(shapes=deepgemm_shapes)})

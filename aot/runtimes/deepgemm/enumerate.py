@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.runtimes.deepgemm.shapes import fp8_gemm_nt_shapes
+from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
 from nojit.aot.errors import BuildError
 
 
@@ -38,6 +39,28 @@ class Enumeration:
             out.setdefault(key["entry"], []).append(key)
         return out
 
+    def entry_inputs(self, name: str) -> tuple[str, list[str]]:
+        """(kernel.cu as DeepGEMM generated it, DeepGEMM's nvcc flags) of one entry."""
+        entry_dir = os.path.join(self.cache_dir, "cache", name)
+        with open(os.path.join(entry_dir, "kernel.cu")) as f:
+            source = f.read()
+        return source, recorded_flags(entry_dir)
+
+
+def recorded_flags(entry_dir: str) -> list[str]:
+    """DeepGEMM's nvcc flags for an entry (from its meta.json), without the compiler, source and output."""
+    with open(os.path.join(entry_dir, "meta.json")) as f:
+        recorded = shlex.split(json.load(f)["command"])
+    flags, skip = [], False
+    for token in recorded[2:]:  # [0] = recording nvcc, [1] = DeepGEMM's temporary kernel.cu
+        if skip:
+            skip = False
+        elif token in ("--output-file", "-o"):
+            skip = True
+        elif token != "--cubin":
+            flags.append(token)
+    return flags
+
 
 def find_nvcc() -> str:
     home = os.environ.get("CUDA_HOME")
@@ -46,7 +69,8 @@ def find_nvcc() -> str:
         if cand and os.access(cand, os.X_OK):
             return cand
     raise BuildError("no nvcc found for DeepGEMM entries",
-                     fix="install nvcc 13.x (e.g. the nvidia-cuda-nvcc wheel) or set NOJIT_NVCC")
+                     fix="install nvcc 13.x (e.g. the nvidia-cuda-nvcc wheel) or set NOJIT_NVCC; or build without "
+                     "DeepGEMM (--runtime triton,tilelang)")
 
 
 def _cuda_include(nvcc: str) -> str:
@@ -83,22 +107,37 @@ def build_stand_ins(work: str, nvcc: str) -> dict[str, str]:
 
 def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: str | None = None,
                    extra_keys: list[dict] | None = None) -> Enumeration:
-    """Every shape at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
+    """Every shape of every op at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
     ({"op", "n", "k", "m"}, e.g. recorded by NOJIT_MODE=record) for shapes or M outside that."""
+    ms = ms or list(range(1, d.max_num_batched_tokens + 1))
+    ops = [op_row(op, s, ms, d.platform.sm_count) for op, shapes in deepgemm_shapes(d).items() for s in shapes]
+    for extra in extra_keys or []:
+        ops.append(recorded_op(extra))
+    return enumerate_ops(ops, d.platform.sm_count, d.platform.pdl, work, nvcc)
+
+
+def recorded_op(key: dict) -> dict:
+    """A key recorded by NOJIT_MODE=record ({"op", "n", "k", "m"}, loader/deepgemm_serving.py call_key) as one
+    op row of the worker's spec."""
+    op = key.get("op")
+    if op not in ("fp8_gemm_nt", "fp8_einsum", "tf32_hc_prenorm_gemm"):
+        raise BuildError(f"recorded DeepGEMM key {key} is for an op nojit does not enumerate yet",
+                         fix="only fp8_gemm_nt, fp8_einsum and tf32_hc_prenorm_gemm keys can be added today")
+    row = {"op": op, "name": "recorded", "n": int(key["n"]), "k": int(key["k"]), "ms": [int(key["m"])],
+           "groups": int(key.get("groups", 1))}
+    if op == "tf32_hc_prenorm_gemm":
+        row["splits"] = [int(key["splits"])]
+    return row
+
+
+def enumerate_ops(ops: list[dict], num_sms: int, pdl: bool, work: str, nvcc: str | None = None) -> Enumeration:
+    """Run DeepGEMM's own ops for every row of `ops` ({"op", "name", "n", "k", "ms"}) on the fake device."""
     nvcc = nvcc or find_nvcc()
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    env = dict(os.environ, **build_stand_ins(work, nvcc), NOJIT_DG_NUM_SMS=str(d.platform.sm_count))
-    ms = ms or list(range(1, d.max_num_batched_tokens + 1))
-    ops = [{"op": "fp8_gemm_nt", "name": s.name, "n": s.n, "k": s.k, "ms": ms} for s in fp8_gemm_nt_shapes(d)]
-    for extra in extra_keys or []:
-        if extra.get("op") != "fp8_gemm_nt":
-            raise BuildError(f"recorded DeepGEMM key {extra} is for an op nojit does not enumerate yet",
-                             fix="only fp8_gemm_nt keys can be added today")
-        ops.append({"op": "fp8_gemm_nt", "name": "recorded", "n": int(extra["n"]), "k": int(extra["k"]),
-                    "ms": [int(extra["m"])]})
+    env = dict(os.environ, **build_stand_ins(work, nvcc), NOJIT_DG_NUM_SMS=str(num_sms))
     spec_path, out_path = os.path.join(work, "spec.json"), os.path.join(work, "keys.jsonl")
     with open(spec_path, "w") as f:
-        json.dump({"ops": ops, "num_sms": d.platform.sm_count, "pdl": d.platform.pdl, "out": out_path}, f)
+        json.dump({"ops": ops, "num_sms": num_sms, "pdl": pdl, "out": out_path}, f)
     proc = subprocess.run([sys.executable, "-m", "nojit.aot.runtimes.deepgemm.enumerate_worker", spec_path],
                           env=env, capture_output=True, text=True)
     if proc.returncode != 0:

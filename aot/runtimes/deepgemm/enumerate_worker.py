@@ -18,10 +18,19 @@ def main() -> None:
     spec = json.loads(open(sys.argv[1]).read())
     import torch
     import vllm.envs as envs
-    import vllm.third_party.deep_gemm as dg
 
     firewall = None
-    if spec.get("firewall"):  # lookup check: serve from a seeded cache, probe answered in process
+    if spec.get("install"):  # before DeepGEMM is imported, as vLLM's plugin runs before the model
+        from nojit.loader.install import install  # the lookup check: the loader's own install(), strict mode
+
+        inst = install(spec["install"], mode="strict")
+        firewall = inst.deepgemm.firewall
+        with open(spec["out"] + ".install.json", "w") as f:
+            json.dump({"cache_dir": inst.deepgemm.cache_dir, "DG_JIT_NVCC_COMPILER": os.environ["DG_JIT_NVCC_COMPILER"],
+                       "DG_JIT_CACHE_DIR": os.environ["DG_JIT_CACHE_DIR"], "PATH": os.environ["PATH"]}, f)
+    import vllm.third_party.deep_gemm as dg
+
+    if spec.get("firewall"):  # serve from a seeded cache, probe answered in process
         from nojit.loader.deepgemm_popen import PopenFirewall
         from nojit.loader.deepgemm_serving import extension_path
 
@@ -32,7 +41,7 @@ def main() -> None:
     use_ue8m0 = bool(envs.VLLM_USE_DEEP_GEMM_E8M0)  # vllm/utils/deep_gemm.py:138 fp8_gemm_nt's cast flag
     cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
     log_path = os.environ["NOJIT_DG_LOG"]
-    open(log_path, "a").close()
+    open(log_path, "w").close()  # events of an earlier run in this folder would shift the library numbering
     log = open(log_path)
     libraries: dict[int, str] = {}
     library_paths: dict[int, str] = {}
@@ -49,22 +58,15 @@ def main() -> None:
             elif ev["ev"] == "launch":
                 last_fn = ev["fn"]
 
-    meta = "meta"
+    call = {"fp8_gemm_nt": _fp8_gemm_nt, "fp8_einsum": _fp8_einsum, "tf32_hc_prenorm_gemm": _tf32_hc_prenorm_gemm}
     os.access("/nojit-deepgemm-calls-begin", os.F_OK)  # a marker for an exec trace
     with open(spec["out"], "w") as out:
         for op in spec["ops"]:
             n, k = op["n"], op["k"]
-            b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device=meta)
-            sfb = torch.empty((n + 127) // 128, (k + 127) // 128, dtype=torch.float32, device=meta)
-            for m in op["ms"]:
-                a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=meta)
-                aligned = (m + 3) // 4 * 4  # DeepGEMM's TMA-aligned MN-major SF layout (utils/layout)
-                sfa = torch.empty_strided((m, (k + 127) // 128), (1, aligned), dtype=torch.float32, device=meta)
-                d = torch.empty(m, n, dtype=torch.bfloat16, device=meta)
+            for i, m in enumerate(op["ms"]):
                 last_fn, error = None, None
                 try:
-                    torch.ops.deep_gemm.fp8_fp4_gemm_nt.default.redispatch(
-                        cuda, a, sfa, b, sfb, d, None, None, None, None, "nk", not use_ue8m0, None, 0, None, None)
+                    call[op["op"]](torch, cuda, op, m, i, use_ue8m0)
                 except RuntimeError as exc:
                     if firewall is None:
                         raise
@@ -78,6 +80,49 @@ def main() -> None:
     if firewall is not None:
         with open(spec["out"] + ".firewall.json", "w") as f:
             json.dump({"answered": firewall.answered, "refused": firewall.refused}, f)
+
+
+# One call per (op row, M), with the tensors vLLM passes (meta tensors: DeepGEMM reads shapes, strides, dtypes).
+def _fp8_gemm_nt(torch, cuda, op: dict, m: int, i: int, use_ue8m0: bool) -> None:
+    """vllm/utils/deep_gemm.py fp8_gemm_nt: A [M, K] FP8 with 1x128 FP32 scales (TMA-aligned MN-major),
+    B [N, K] FP8 with 128x128 scales, D [M, N] BF16."""
+    n, k = op["n"], op["k"]
+    b = torch.empty(n, k, dtype=torch.float8_e4m3fn, device="meta")
+    sfb = torch.empty((n + 127) // 128, (k + 127) // 128, dtype=torch.float32, device="meta")
+    a = torch.empty(m, k, dtype=torch.float8_e4m3fn, device="meta")
+    aligned = (m + 3) // 4 * 4  # DeepGEMM's TMA-aligned MN-major SF layout (utils/layout)
+    sfa = torch.empty_strided((m, (k + 127) // 128), (1, aligned), dtype=torch.float32, device="meta")
+    d = torch.empty(m, n, dtype=torch.bfloat16, device="meta")
+    torch.ops.deep_gemm.fp8_fp4_gemm_nt.default.redispatch(
+        cuda, a, sfa, b, sfb, d, None, None, None, None, "nk", not use_ue8m0, None, 0, None, None)
+
+
+def _fp8_einsum(torch, cuda, op: dict, m: int, i: int, use_ue8m0: bool) -> None:
+    """models/deepseek_v4/nvidia/ops/o_proj.py deep_gemm_fp8_o_proj on sm90: fp8_einsum("bhr,hdr->bhd",
+    (x, sx), (wo_a [G, d, r], 128x128 scales), z [T, G, d], recipe (1, 128, 128)); x and sx as
+    fused_inv_rope_fp8_quant lays them out ([G, T, r] and MN-major TMA-aligned FP32 scales, transposed)."""
+    g, d_out, r = op["groups"], op["n"], op["k"]
+    aligned = (m + 3) // 4 * 4
+    x = torch.empty(g, m, r, dtype=torch.float8_e4m3fn, device="meta").transpose(0, 1)
+    inner = r // 128
+    sx = torch.empty(g * inner * aligned, dtype=torch.float32, device="meta").as_strided(
+        (g, m, inner), (inner * aligned, 1, aligned)).transpose(0, 1)
+    w = torch.empty(g, d_out, r, dtype=torch.float8_e4m3fn, device="meta")
+    sw = torch.empty(g, d_out // 128, inner, dtype=torch.float32, device="meta")
+    z = torch.empty(m, g, d_out, dtype=torch.bfloat16, device="meta")
+    torch.ops.deep_gemm.fp8_einsum.default.redispatch(cuda, "bhr,hdr->bhd", x, sx, w, sw, z, None, [1, 128, 128],
+                                                      None, False, 0, None, None)
+
+
+def _tf32_hc_prenorm_gemm(torch, cuda, op: dict, m: int, i: int, use_ue8m0: bool) -> None:
+    """model_executor/kernels/mhc/tilelang.py: x [T, K] BF16, fn [N, K] FP32, out [splits, T, N] and
+    sqrsum [splits, T] FP32; the split count per M is vLLM's own (computed by the planner, op["splits"])."""
+    n, k, splits = op["n"], op["k"], op["splits"][i]
+    x = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    fn = torch.empty(n, k, dtype=torch.float32, device="meta")
+    out = torch.empty(splits, m, n, dtype=torch.float32, device="meta")
+    sqrsum = torch.empty(splits, m, dtype=torch.float32, device="meta")
+    torch.ops.deep_gemm.tf32_hc_prenorm_gemm.default.redispatch(cuda, x, fn, out, sqrsum, splits)
 
 
 if __name__ == "__main__":

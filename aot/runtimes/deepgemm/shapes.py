@@ -10,8 +10,11 @@ linear below is listed, so a shape the checkpoint leaves in BF16 costs only unus
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
 
 from nojit.aot.deployment import Deployment
+from nojit.aot.errors import BuildError
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,8 @@ class GemmShape:
     name: str      # the vLLM module it serves, with the line it was read from
     n: int
     k: int
+    groups: int = 1            # fp8_einsum: the batch of grouped GEMMs (h in "bhr,hdr->bhd")
+    splits: str | None = None  # tf32_hc_prenorm_gemm: the vLLM function that picks num_splits from M
 
 
 def fp8_gemm_nt_shapes(d: Deployment) -> list[GemmShape]:
@@ -44,3 +49,56 @@ def fp8_gemm_nt_shapes(d: Deployment) -> list[GemmShape]:
         # nvidia/mtp.py:103, 111 ReplicatedLinear(hidden, hidden): e_proj, h_proj
         shapes.append(GemmShape("mtp.e_proj/h_proj", hidden, hidden))
     return shapes
+
+
+def fp8_einsum_shapes(d: Deployment) -> list[GemmShape]:
+    c, tp = d.hf_config, d.tensor_parallel_size
+    groups = c["o_groups"]
+    # attention.py:271 wo_a ColumnParallelLinear(n_heads * head_dim // n_groups, n_groups * o_lora_rank), a bmm over
+    # the local groups; nvidia/ops/o_proj.py:89 fp8_einsum("bhr,hdr->bhd") with recipe (1, 128, 128) on sm90
+    return [GemmShape("attention.wo_a (o_proj fp8_einsum)", c["o_lora_rank"],
+                      c["num_attention_heads"] * c["head_dim"] // groups, groups=groups // tp)]
+
+
+def tf32_hc_prenorm_gemm_shapes(d: Deployment) -> list[GemmShape]:
+    """model_executor/kernels/mhc/tilelang.py's DeepGEMM calls: N = hc_mult * (hc_mult + 2) mixes over
+    K = hc_mult * hidden (the residual streams) or K = hidden (the broadcast pre of the first layer), with
+    num_splits from compute_num_split (mhc_pre, fused post-pre, broadcast) or its bucketed form
+    compute_mhc_pre_num_splits (the delayed variants)."""
+    c = d.hf_config
+    hc, hidden = c["hc_mult"], c["hidden_size"]
+    mix = hc * (hc + 2)
+    return [
+        GemmShape("mhc.pre (tilelang.py:611/940 mhc_pre, fused_post_pre)", mix, hc * hidden, splits="compute_num_split"),
+        GemmShape("mhc.pre_delayed (tilelang.py:160/410 the delayed variants)", mix, hc * hidden,
+                  splits="compute_mhc_pre_num_splits"),
+        GemmShape("mhc.pre_broadcast (tilelang.py:745)", mix, hidden, splits="compute_num_split"),
+    ]
+
+
+def deepgemm_shapes(d: Deployment) -> dict[str, list[GemmShape]]:
+    """Per vLLM DeepGEMM entry point, the shapes of this model it enumerates (DeepGemmTables.shapes)."""
+    return {"fp8_gemm_nt": fp8_gemm_nt_shapes(d), "fp8_einsum": fp8_einsum_shapes(d),
+            "tf32_hc_prenorm_gemm": tf32_hc_prenorm_gemm_shapes(d)}
+
+
+def op_row(op: str, shape: GemmShape, ms: list[int], sm_count: int) -> dict[str, Any]:
+    """One row of the enumeration worker's spec; the mHC split count per M from vLLM's own functions,
+    their device query answered with the deployment's SM count for the time of the call."""
+    row: dict[str, Any] = {"op": op, "name": shape.name, "n": shape.n, "k": shape.k, "ms": ms, "groups": shape.groups}
+    if shape.splits is not None:
+        import torch
+        from vllm.model_executor.kernels.mhc import tilelang_kernels, warmup
+        from vllm.utils.math_utils import cdiv
+
+        rules = {"compute_num_split": lambda m: tilelang_kernels.compute_num_split(64, shape.k, cdiv(m, 64)),
+                 "compute_mhc_pre_num_splits": lambda m: warmup.compute_mhc_pre_num_splits(shape.k, m)}
+        if shape.splits not in rules:
+            raise BuildError(f"unknown mHC split rule {shape.splits!r}", fix="a nojit bug: see shapes.py")
+        saved = torch.cuda.get_device_properties
+        torch.cuda.get_device_properties = lambda device=None: SimpleNamespace(multi_processor_count=sm_count)
+        try:
+            row["splits"] = [rules[shape.splits](m) for m in ms]
+        finally:
+            torch.cuda.get_device_properties = saved
+    return row
