@@ -122,6 +122,7 @@ class Installation:
     mode: Mode
     triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
     tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
+    flashinfer: Any = None  # FlashInferServing: FlashInfer's modules as a jit-cache provider (flashinfer_serving.py)
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
@@ -141,6 +142,10 @@ class Installation:
             from nojit.loader import tilelang_serving
 
             tilelang_serving.uninstall(self.tilelang)
+        if self.flashinfer is not None:
+            from nojit.loader import flashinfer_serving
+
+            flashinfer_serving.uninstall()
         self.triton.clear()
         self.tilelang.clear()
         from nojit.loader import guards, triton_driver
@@ -213,6 +218,11 @@ def install(
             from nojit.loader import tilelang_serving
 
             inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, allow)  # filled as vLLM decorates
+        flashinfer_ids = [k for k in wanted if records[k].runtime == "flashinfer"]
+        if flashinfer_ids:
+            from nojit.loader import flashinfer_serving
+
+            inst.flashinfer = flashinfer_serving.install(bundle, flashinfer_ids, policy)
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)

@@ -16,7 +16,7 @@ from typing import Any
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 1
-RUNTIMES = ("triton", "tilelang")
+RUNTIMES = ("triton", "tilelang", "flashinfer")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
@@ -513,6 +513,12 @@ def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: di
     if record.runtime == "triton":
         launch: TritonLaunch | TileLangLaunch = TritonLaunch.from_json(lf)
         _check_triton_key(ef, key, launch, record)
+    elif record.runtime == "flashinfer":
+        from nojit.loader.flashinfer_serving import FlashInferLaunch
+
+        launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
+        if key != launch.module:
+            raise ef._bad("key", "is not the FlashInfer module's name")
     else:
         launch = TileLangLaunch.from_json(lf)
         _check_tilelang_key(ef, key, launch)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import Runtime
-from nojit.aot.runtimes import tilelang, triton
+from nojit.aot.runtimes import flashinfer, tilelang, triton
 
 RUNTIMES: dict[str, Runtime] = {
     tilelang.RUNTIME.name: tilelang.RUNTIME,  # first: its slow compiles start first, and vLLM's mHC module imports first
     triton.RUNTIME.name: triton.RUNTIME,
+    flashinfer.RUNTIME.name: flashinfer.RUNTIME,  # nvcc builds of FlashInfer's JIT modules (FlashInfer's AOT builder)
 }
 
 

@@ -1,0 +1,297 @@
+"""FlashInfer's JIT modules served from the bundle through FlashInfer's own AOT lookup.
+
+FlashInfer 0.7.2.post1 loads a module from an AOT provider before it would build it: at import,
+flashinfer/jit/env.py asks the `flashinfer_jit_cache` package for its providers (env.py:190-242:
+`get_jit_cache_providers()`, each with a `jit_cache_dir`, its CUDA architectures and module names,
+version-checked against FlashInfer's), and for every module `get_aot_artifacts(name)` (env.py:296-328)
+takes `<jit_cache_dir>/<name>/<name>.so` from a provider that lists the module and whose architecture
+runs on the GPU; `JitSpecNvcc.try_load` (jit/core.py:536-570) then loads it with tvm_ffi and
+`build_and_load` (jit/core.py:337-358) never reaches `build()`, ninja or nvcc.
+
+nojit is that provider. install() writes the bundle's .so files once into a directory in that layout
+(named by the digest of its entries; each file sha256-checked against the bundle every time, left
+read-only), and puts a `flashinfer_jit_cache` module into sys.modules whose only provider is that
+directory (plus the providers of a real flashinfer-jit-cache package, if one is installed). FlashInfer
+finds it with its own `importlib.util.find_spec` when it is imported later; if FlashInfer was imported
+first, its own `_get_aot_providers()` is run again. Nothing of FlashInfer is imported at install.
+
+A module the bundle does not hold goes to `JitSpecNvcc.build` (jit/core.py:577): patched when
+FlashInfer's core module loads, it raises KernelNotInBundleError in strict mode (naming the module and
+how to add it), and records it in record mode before FlashInfer builds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, KernelNotInBundleError
+from nojit.loader.settings import Mode
+
+SHIM = "flashinfer_jit_cache"
+PROVIDER_ID = "nojit"
+
+
+@dataclass(frozen=True)
+class FlashInferLaunch:
+    """A FlashInfer module entry: FlashInfer loads and calls it itself, found by this name in the provider
+    directory the loader seeds (the blob is the module's .so)."""
+
+    module: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"module": self.module}
+
+    @classmethod
+    def from_json(cls, f: Any) -> FlashInferLaunch:
+        name = f.str("module", max_len=128)
+        if not name.isidentifier():
+            raise f._bad("module", f"= {name!r:.80} is not a FlashInfer module name")
+        return cls(name)
+
+
+@dataclass
+class FlashInferServing:
+    """What install() did: the provider directory, the modules it holds and the builds it saw."""
+
+    root: str
+    modules: dict[str, str]  # module name -> kernel id (FlashInfer's gen function)
+    version: str
+    architecture: str
+    builds: list[str] = field(default_factory=list)  # modules FlashInfer went to build (refused in strict mode)
+
+
+_lock = threading.Lock()
+_current: FlashInferServing | None = None
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServing:
+    """Seed the provider directory, register it with FlashInfer and watch FlashInfer's build path."""
+    global _current
+    manifest = bundle.manifest
+    records = [manifest.kernels[k] for k in kernel_ids]
+    versions = {r.info.get("flashinfer_version") for r in records}
+    arches = {r.info.get("cuda_arch") for r in records}
+    if len(versions) != 1 or len(arches) != 1 or None in versions | arches:
+        raise BundleCorruptError(f"{bundle.path}: FlashInfer modules disagree on (or lack) the FlashInfer version or "
+                                 f"the architecture they were built for ({sorted(map(str, versions | arches))})",
+                                 fix="rebuild the bundle with `nojit build`")
+    version, arch = versions.pop(), arches.pop()
+    here = installed_version()
+    if here != version:
+        raise BundleMismatchError(
+            f"{bundle.path}: its FlashInfer modules were built by FlashInfer {version}, this process has "
+            f"{here or 'no FlashInfer'}",
+            fix=f"install flashinfer-python=={version} (what vLLM requires), or rebuild the bundle against the "
+                "installed FlashInfer with `nojit build`")
+    entries = {e.launch.module: e for e in manifest.entries if e.kernel in set(kernel_ids)}
+    root = seed(bundle, entries)
+    serving = FlashInferServing(root, {name: e.kernel for name, e in entries.items()}, version, arch)
+    with _lock:
+        _register_provider(serving, bundle.path)
+        _current = serving
+    watch_builds(policy)
+    return serving
+
+
+def current() -> FlashInferServing | None:
+    return _current
+
+
+# ------------------------------------------------------------------------------------------------ seeding
+def _root_for(entries: dict[str, Any], base: str | None) -> str:
+    digest = hashlib.sha256(json.dumps(sorted((n, e.blob) for n, e in entries.items())).encode()).hexdigest()
+    base = base or os.environ.get("NOJIT_FLASHINFER_DIR") or os.path.join(
+        tempfile.gettempdir(), f"nojit-flashinfer-{os.getuid()}")
+    return os.path.join(base, digest[:24])
+
+
+def _file_sha256(path: str) -> str | None:
+    try:
+        if os.path.islink(path) or not os.path.isfile(path):
+            return None
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def seed(bundle: Any, entries: dict[str, Any], base: str | None = None) -> str:
+    """<root>/<module>/<module>.so for every entry, written once (temporary file, then rename) and checked
+    against the bundle's digest every time; files 0444, folders 0555. Idempotent across ranks."""
+    root = _root_for(entries, base)
+    for name, entry in sorted(entries.items()):
+        folder = os.path.join(root, name)
+        path = os.path.join(folder, f"{name}.so")
+        if _file_sha256(path) == entry.blob:
+            continue
+        if os.path.lexists(path):
+            raise BundleCorruptError(f"{path} is not the FlashInfer module {name} of {bundle.path} (sha256 differs)",
+                                     fix=f"delete {root} (nojit writes it again at the next start)")
+        data = bundle.read_blob(entry.blob)  # checked against its sha256 by the bundle reader
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise BundleError(f"cannot write FlashInfer module {name} to {path}: {exc.strerror}",
+                              fix="set NOJIT_FLASHINFER_DIR to a writable directory (or delete a stale one)") from None
+        if _file_sha256(path) != entry.blob:
+            raise BundleCorruptError(f"{path}: written, but it does not read back as the bundle's module {name}",
+                                     fix=f"check the disk under {root}")
+        os.chmod(folder, 0o555)
+    return root
+
+
+# ------------------------------------------------------------------------------------------------ provider
+def _register_provider(serving: FlashInferServing, bundle_path: str) -> None:
+    ours = types.SimpleNamespace(
+        provider_id=PROVIDER_ID, distribution=f"nojit bundle {os.path.basename(bundle_path)}", version=serving.version,
+        jit_cache_dir=serving.root, cuda_architectures=(serving.architecture,), modules=tuple(sorted(serving.modules)))
+    real = None
+    present = sys.modules.get(SHIM)
+    if present is not None and getattr(present, "__nojit__", False):
+        real = present.__nojit_real__
+    elif present is not None:
+        real = present
+    elif importlib.util.find_spec(SHIM) is not None:  # a flashinfer-jit-cache package is installed too
+        real = importlib.import_module(SHIM)
+    shim = types.ModuleType(SHIM, "nojit: FlashInfer modules served from a nojit bundle (loader/flashinfer_serving.py)")
+    shim.__spec__ = importlib.machinery.ModuleSpec(SHIM, None, origin=f"nojit bundle {bundle_path}")
+    shim.__version__ = getattr(real, "__version__", serving.version)
+    if real is not None:
+        ours.version = shim.__version__  # FlashInfer wants provider and shim versions equal (env.py:174-187)
+    shim.__nojit__ = True
+    shim.__nojit_real__ = real
+    shim.get_jit_cache_providers = lambda: [*(real.get_jit_cache_providers() if real is not None else ()), ours]
+    sys.modules[SHIM] = shim
+    env = sys.modules.get("flashinfer.jit.env")
+    if env is not None:  # FlashInfer was imported before nojit: let it discover its providers again
+        env.FLASHINFER_AOT_PROVIDERS = env._get_aot_providers()
+        env.FLASHINFER_AOT_DIRS = (env.FLASHINFER_AOT_DIR,) + tuple(
+            p.jit_cache_dir for p in env.FLASHINFER_AOT_PROVIDERS)
+
+
+def uninstall() -> None:
+    """Tests: take the provider away (FlashInfer keeps what it already discovered)."""
+    global _current
+    with _lock:
+        shim = sys.modules.get(SHIM)
+        if shim is not None and getattr(shim, "__nojit__", False):
+            if shim.__nojit_real__ is not None:
+                sys.modules[SHIM] = shim.__nojit_real__
+            else:
+                del sys.modules[SHIM]
+        _current = None
+    _watch["policy"] = None
+
+
+# ------------------------------------------------------------------------------------------------ builds
+_watch: dict[str, Any] = {"policy": None, "patched": False, "hook": False}
+CORE = "flashinfer.jit.core"
+
+
+def _fix(name: str) -> str:
+    return (f"FlashInfer module {name} is not in the bundle: if the deployment reaches it, add a row for it to "
+            "aot/runtimes/flashinfer/modules.py and rebuild (`nojit build`); or switch the vLLM path off "
+            "(VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0, VLLM_ALLREDUCE_USE_FLASHINFER=0, VLLM_USE_FLASHINFER_SAMPLER=0); "
+            "or run NOJIT_MODE=record / permissive to let FlashInfer build it")
+
+
+def _on_build(spec: Any) -> None:
+    """Called where FlashInfer is about to build `spec` (its module is not served from the bundle)."""
+    policy = _watch["policy"]
+    serving = _current
+    if policy is None or serving is None:
+        return
+    name = str(getattr(spec, "name", spec))
+    serving.builds.append(name)
+    kernel = serving.modules.get(name, f"flashinfer.jit:{name}")
+    policy.counts[(kernel, "miss")] += 1
+    if policy.recorder is not None:
+        policy.recorder.record(kernel, "flashinfer", name, "miss", "")
+    if policy.mode is Mode.STRICT:
+        why = ("the bundle holds it, but FlashInfer did not load it (see FlashInfer's warning above: the .so did "
+               "not load on this machine)") if name in serving.modules else "the bundle does not hold it"
+        raise KernelNotInBundleError(kernel, f"{name} ({why}; FlashInfer was about to compile it)",
+                                     policy.bundle_path, fix=_fix(name))
+
+
+def _patch_core() -> None:
+    if _watch["patched"]:
+        return
+    core = sys.modules[CORE]
+    cls = core.JitSpecNvcc
+    original = cls.build
+
+    def build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _on_build(self)
+        return original(self, *args, **kwargs)
+
+    build.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.build = build
+    _watch["patched"] = True
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches FlashInfer's build path when flashinfer.jit.core finishes loading (it loads after install)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != CORE or _watch["patched"]:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_then_patch(module: Any) -> None:
+            run(module)
+            sys.modules.setdefault(fullname, module)
+            _patch_core()
+
+        try:
+            loader.exec_module = exec_then_patch
+        except AttributeError:
+            return spec
+        return spec
+
+
+def watch_builds(policy: Any) -> None:
+    _watch["policy"] = policy
+    if CORE in sys.modules:
+        _patch_core()
+    elif not _watch["hook"]:
+        sys.meta_path.insert(0, _PatchOnImport())
+        _watch["hook"] = True
