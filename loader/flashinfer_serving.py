@@ -29,6 +29,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -69,6 +70,7 @@ class FlashInferServing:
     modules: dict[str, str]  # module name -> kernel id (FlashInfer's gen function)
     version: str
     architecture: str
+    cuda_release: str | None  # "13.0": what `nvcc --version` said on the build box
     builds: list[str] = field(default_factory=list)  # modules FlashInfer went to build (refused in strict mode)
 
 
@@ -95,6 +97,7 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
                                  f"the architecture they were built for ({sorted(map(str, versions | arches))})",
                                  fix="rebuild the bundle with `nojit build`")
     version, arch = versions.pop(), arches.pop()
+    release = re.search(r"release (\d+\.\d+),", " ".join(str(r.info.get("nvcc", "")) for r in records))
     here = installed_version()
     if here != version:
         raise BundleMismatchError(
@@ -104,7 +107,13 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
                 "installed FlashInfer with `nojit build`")
     entries = {e.launch.module: e for e in manifest.entries if e.kernel in set(kernel_ids)}
     root = seed(bundle, entries)
-    serving = FlashInferServing(root, {name: e.kernel for name, e in entries.items()}, version, arch)
+    if "fp8_blockscale_gemm_90" in entries:
+        # Loading that module creates TensorRT-LLM DeepGEMM's cache folders (its Compiler singleton, built at
+        # static initialization: compiler.cuh:476-482), under $HOME unless TRTLLM_DG_CACHE_DIR is set; a
+        # read-only HOME would abort the process there. Its kernels are not bundled (loader/unserved.py).
+        os.environ.setdefault("TRTLLM_DG_CACHE_DIR", os.path.join(os.path.dirname(root), "tensorrt_llm"))
+    serving = FlashInferServing(root, {name: e.kernel for name, e in entries.items()}, version, arch,
+                                release.group(1) if release else None)
     with _lock:
         _register_provider(serving, bundle.path)
         _current = serving
@@ -245,6 +254,7 @@ def _patch_core() -> None:
     if _watch["patched"]:
         return
     core = sys.modules[CORE]
+    _answer_cuda_version(sys.modules["flashinfer.jit.cpp_ext"])
     cls = core.JitSpecNvcc
     original = cls.build
 
@@ -255,6 +265,19 @@ def _patch_core() -> None:
     build.__wrapped__ = original  # type: ignore[attr-defined]
     cls.build = build
     _watch["patched"] = True
+
+
+def _answer_cuda_version(cpp_ext: Any) -> None:
+    """FlashInfer's gen functions ask `nvcc --version` for the CUDA release (is_cuda_version_at_least, e.g.
+    jit/gemm/fp8_blockscale.py:16), a process even when the module then loads from the bundle. The answer is
+    the bundle's: the release of the nvcc that built the modules (what the firewall's stand-in would print)."""
+    serving = _current
+    if serving is None or serving.cuda_release is None:
+        return
+    from packaging.version import Version
+
+    release = Version(serving.cuda_release)
+    cpp_ext.get_cuda_version = lambda: release
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -86,8 +86,9 @@ def toolkit_gaps(cuda_home: str, root: str) -> dict[str, str]:
 
 
 def nvcc_release(nvcc: str) -> str:
+    """The line of `nvcc --version` FlashInfer reads its CUDA version from (jit/cpp_ext.py:68-79)."""
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    return out.strip().splitlines()[-1]
+    return next((line.strip() for line in out.splitlines() if "release" in line), out.strip().splitlines()[-1])
 
 
 def compile_module(gen: str, name: str, capability: tuple[int, int], cache_dir: str) -> tuple[bytes, dict[str, Any]]:

@@ -1,0 +1,145 @@
+"""FlashInfer's JIT modules on the CPU box: the deployment's modules enumerated with FlashInfer's own gen
+functions, one built with FlashInfer's AOT builder (nvcc + ninja), and served through FlashInfer's own AOT
+lookup with strict mode's firewall on: no process started (audit hook, and strace when installed), no
+compile entry point reached; a module the bundle lacks is refused (strict) or recorded (record).
+
+The build test compiles FlashInfer's `sampling` module, the smallest of the four (about 5.5 minutes on the
+2-core build box, cold). The work directory is nojit's default compile cache, so a rerun is a ninja no-op.
+NOJIT_FLASHINFER_TEST_BUNDLE names a bundle built before (`nojit build --runtime flashinfer`) to use instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, have, needs_vllm, run_cli
+
+pytestmark = [needs_vllm, pytest.mark.skipif(not have("flashinfer"), reason="FlashInfer is not installed")]
+
+MODULES = {
+    "fp8_blockscale_gemm_90": "flashinfer.jit.gemm.fp8_blockscale:gen_fp8_blockscale_gemm_sm90_module",
+    "trtllm_mnnvl_comm": "flashinfer.jit.comm:gen_trtllm_mnnvl_comm_module",
+    "trtllm_comm": "flashinfer.jit.comm:gen_trtllm_comm_module",
+    "sampling": "flashinfer.jit.sampling:gen_sampling_module",
+}
+MISSING = "flashinfer.jit.comm:gen_vllm_comm_module"  # a real FlashInfer module no bundle here holds
+PROBE = os.path.join(ROOT, "tests", "flashinfer_probe.py")
+
+
+def test_default_deployment_reaches_four_modules(tmp_path):
+    """The plan names FlashInfer's gen functions and keys each by the module name FlashInfer itself gives."""
+    plan = tmp_path / "plan.json"
+    run_cli("build", "--runtime", "flashinfer", "--plan-only", "--emit-plan", str(plan), "-o", str(tmp_path / "x"))
+    p = json.loads(plan.read_text())
+    assert {r["key"]: r["kernel"] for r in p["requests"]} == MODULES
+    assert all(k["runtime"] == "flashinfer" and len(k["source_hash"]) == 64 for k in p["kernels"].values())
+    assert {k["info"]["switch"] for k in p["kernels"].values()} == {
+        "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_USE_FLASHINFER_SAMPLER"}
+
+
+@pytest.fixture(scope="module")
+def fi_bundle(tmp_path_factory):
+    given = os.environ.get("NOJIT_FLASHINFER_TEST_BUNDLE")
+    if given:
+        return given
+    if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
+        pytest.skip("no nvcc: FlashInfer's builder needs the CUDA toolkit")
+    out = str(tmp_path_factory.mktemp("fi") / "fi.nojit")
+    run_cli("build", "--runtime", "flashinfer", "--kernels", "gen_sampling_module", "-o", out, "--quiet", "-j", "1")
+    return out
+
+
+def _probe(bundle: str, tmp_path, mode: str, extra_env: dict | None = None) -> tuple[dict, list[str] | None]:
+    out = tmp_path / "probe.json"
+    env = {**os.environ, "NOJIT_MODE": mode, "NOJIT_FLASHINFER_DIR": str(tmp_path / "seed"),
+           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "home"), "TRTLLM_DG_CACHE_DIR": str(tmp_path / "trtllm"),
+           "NOJIT_EVENT_LOG": str(tmp_path / "events.jsonl"), **(extra_env or {})}
+    env.pop("FLASHINFER_CUDA_ARCH_LIST", None)
+    env["FLASHINFER_CUDA_ARCH_LIST"] = "9.0a"  # the GPU FlashInfer would see on the serving machine
+    cmd = [sys.executable, PROBE, bundle, str(out), MISSING]
+    trace = tmp_path / "execve.trace"
+    traced = shutil.which("strace") is not None
+    if traced:
+        cmd = ["strace", "-f", "-qq", "-e", "trace=execve,execveat", "-o", str(trace), *cmd]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if traced and "ptrace" in done.stderr and not out.exists():
+        pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0 and out.exists(), done.stderr[-4000:]
+    execs = [line for line in trace.read_text().splitlines() if "execve" in line] if traced else None
+    return json.loads(out.read_text()), execs
+
+
+def test_strict_serving_uses_flashinfers_own_loader(fi_bundle, tmp_path):
+    result, execs = _probe(fi_bundle, tmp_path, "strict")
+    root = result["root"]
+    assert result["modules"], "the bundle serves no FlashInfer module"
+    assert [p for p in result["providers"] if p[0] == "nojit"] == [
+        ["nojit", root, ["sm90a"], sorted(result["modules"])]]
+    for name, m in result["modules"].items():
+        assert m["library"] == os.path.join(root, name, f"{name}.so"), m  # FlashInfer's get_aot_artifacts chose it
+        assert m["is_aot"] and m["loaded"] == "Module"
+        assert m["compiles"] == {"JitSpecNvcc.build": 0, "run_ninja": 0, "build_jit_specs": 0}, (name, m)
+    if "sampling" in result["modules"]:
+        assert result["get_sampling_module"]  # vLLM's own FlashInfer entry point got the bundled module
+    # the module the bundle lacks: refused by nojit where FlashInfer would build it, before ninja or nvcc
+    missing = result["missing"]
+    assert missing["raised"] == "KernelNotInBundleError", missing
+    assert "vllm_comm" in missing["message"] and "aot/runtimes/flashinfer/modules.py" in missing["message"]
+    assert result["compiles"]["run_ninja"] == 0 and result["compiles"]["build_jit_specs"] == 0
+    assert result["compiles"]["JitSpecNvcc.build"] == 1  # the refused attempt
+    assert result["builds_seen_by_nojit"] == ["vllm_comm"]
+    assert result["started"] == [], result["started"]
+    if execs is not None:
+        assert len(execs) == 1 and PROBE in execs[0] or sys.executable in execs[0], execs  # the probe itself only
+    print(f"\nFlashInfer strict: {len(result['modules'])} modules loaded from {root}; compiles "
+          f"{result['compiles']}; processes started {len(result['started'])}; execve {execs and len(execs)}")
+
+
+def test_record_mode_records_a_missing_module(fi_bundle, tmp_path):
+    record = tmp_path / "keys.jsonl"
+    # FlashInfer then builds it: with no toolkit (CUDA_HOME points nowhere) its ninja fails at once
+    result, _ = _probe(fi_bundle, tmp_path, "record", {"NOJIT_RECORD_FILE": str(record),
+                                                       "CUDA_HOME": str(tmp_path / "no-cuda"),
+                                                       "FLASHINFER_NVCC": str(tmp_path / "no-cuda" / "nvcc")})
+    assert result["missing"]["raised"] != "KernelNotInBundleError"
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert {"kernel": "flashinfer.jit:vllm_comm", "runtime": "flashinfer", "key": "vllm_comm", "outcome": "miss",
+            "source_hash": ""} in lines
+
+
+def test_seeded_module_is_checked_against_the_bundle(fi_bundle, tmp_path):
+    from nojit.loader import flashinfer_serving
+    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.errors import BundleCorruptError, BundleMismatchError
+    from nojit.loader.policy import ServingPolicy
+    from nojit.loader.settings import Mode
+
+    bundle = Bundle.open(fi_bundle)
+    entries = {e.launch.module: e for e in bundle.manifest.entries if bundle.manifest.kernels[e.kernel].runtime
+               == "flashinfer"}
+    root = flashinfer_serving.seed(bundle, entries, base=str(tmp_path))
+    assert flashinfer_serving.seed(bundle, entries, base=str(tmp_path)) == root  # idempotent
+    name = sorted(entries)[0]
+    path = os.path.join(root, name, f"{name}.so")
+    assert oct(os.stat(path).st_mode & 0o777) == "0o444"
+    os.chmod(os.path.dirname(path), 0o755)
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.write(b"\x7fELF-not-the-bundles")
+    with pytest.raises(BundleCorruptError, match="sha256 differs"):
+        flashinfer_serving.seed(bundle, entries, base=str(tmp_path))
+    ids = sorted({e.kernel for e in entries.values()})
+    policy = ServingPolicy(Mode.STRICT, fi_bundle)
+    real = flashinfer_serving.installed_version
+    try:
+        flashinfer_serving.installed_version = lambda: "0.0.1"
+        with pytest.raises(BundleMismatchError, match="FlashInfer 0.7"):
+            flashinfer_serving.install(bundle, ids, policy)
+    finally:
+        flashinfer_serving.installed_version = real
