@@ -62,7 +62,8 @@ UNSERVED: tuple[UnservedJit, ...] = (
         (
             Switch("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "the block-FP8 GEMM for M < 32 (utils/flashinfer.py)",
                    "small-M linears use DeepGEMM's fp8_gemm_nt instead (the next kernel in "
-                   "kernels/linear/__init__.py); decode GEMMs may be slower", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0"),
+                   "kernels/linear/__init__.py); decode GEMMs may be slower",
+                   "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0"),
             Switch("VLLM_ALLREDUCE_USE_FLASHINFER=0", "the FlashInfer allreduce (cuda_communicator.py), needed only "
                    "with a bundle built without FlashInfer",
                    "TP allreduce goes through vLLM's custom allreduce / NCCL", "VLLM_ALLREDUCE_USE_FLASHINFER", "0"),

@@ -124,7 +124,7 @@ def compile_module(gen: str, name: str, capability: tuple[int, int], cache_dir: 
             build_jit_specs([spec], verbose=False, skip_prebuilt=False)
         except RuntimeError as exc:
             raise BuildError(f"FlashInfer module {name} did not build: {str(exc)[-2000:]}",
-                             fix="see ninja's output above; the toolchain must be the CUDA FlashInfer supports") from None
+                             fix="see ninja's output; the toolchain must be a CUDA FlashInfer supports") from None
         seconds = time.perf_counter() - t0
         digest = spec_digest(spec, version)
         with tempfile.TemporaryDirectory(prefix="nojit-flashinfer-") as out:

@@ -41,7 +41,8 @@ def prepare_worker(settings: WorkerSettings) -> None:
     pass
 
 
-def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, settings: WorkerSettings) -> CompileResult:
+def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel,
+                    settings: WorkerSettings) -> CompileResult:
     capability = tuple(kernel.info["capability"])
     data, info = compile_module(kernel_id, request.key, capability, settings.cache_dir)  # type: ignore[arg-type]
     return CompileResult(cubin=data, launch=FlashInferLaunch(request.key), source_hash=info.pop("spec_sha256"),
