@@ -11,12 +11,16 @@ import json
 import os
 import sys
 
-started: list[str] = []
+started: list[list[str]] = []  # [phase, what]
+phase = ["install"]
 
 
 def _audit(event: str, args: tuple) -> None:
     if event in ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "os.fork"):
-        started.append(f"{event} {str(args[:2])[:300]}")
+        import traceback
+
+        where = [f"{f.filename.rsplit('/site-packages/', 1)[-1]}:{f.lineno}" for f in traceback.extract_stack()[-14:-3]]
+        started.append([phase[0], f"{event} {str(args[:2])[:300]} from {where}"])
 
 
 sys.addaudithook(_audit)
@@ -26,6 +30,7 @@ from nojit.loader.install import install  # noqa: E402
 
 inst = install(bundle)
 served = inst.flashinfer
+phase[0] = "import"
 import flashinfer  # noqa: E402,F401  (FlashInfer discovers its providers here, with its own find_spec)
 import flashinfer.jit.core as core  # noqa: E402
 import flashinfer.jit.cpp_ext as cpp_ext  # noqa: E402
@@ -56,6 +61,7 @@ result: dict[str, object] = {
     "root": served.root if served else None,
     "modules": {},
 }
+phase[0] = "load"
 for name, kernel_id in sorted((served.modules if served else {}).items()):
     module_name, _, qualname = kernel_id.partition(":")
     spec = getattr(__import__(module_name, fromlist=[qualname]), qualname)()
@@ -72,6 +78,7 @@ if served and "sampling" in served.modules:
 
     result["get_sampling_module"] = type(get_sampling_module()).__name__
 
+phase[0] = "missing"
 module_name, _, qualname = missing_gen.partition(":")
 spec = getattr(__import__(module_name, fromlist=[qualname]), qualname)()
 try:
