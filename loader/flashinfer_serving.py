@@ -28,6 +28,7 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
@@ -40,26 +41,37 @@ from typing import Any
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, KernelNotInBundleError
 from nojit.loader.settings import Mode
 
+log = logging.getLogger("nojit")
+
 SHIM = "flashinfer_jit_cache"
+TRTLLM = "tensorrt_llm"
 PROVIDER_ID = "nojit"
+
+
+KINDS = ("module", "trtllm_deepgemm")
 
 
 @dataclass(frozen=True)
 class FlashInferLaunch:
-    """A FlashInfer module entry: FlashInfer loads and calls it itself, found by this name in the provider
-    directory the loader seeds (the blob is the module's .so)."""
+    """A FlashInfer entry, found by its name where the loader seeds it; FlashInfer loads and launches it itself.
+    kind "module": a JIT module's .so (<provider dir>/<name>/<name>.so); "trtllm_deepgemm": a TensorRT-LLM
+    DeepGEMM cubin of fp8_blockscale_gemm_90 ($TRTLLM_DG_CACHE_DIR/cache/<name>/nvcc_kernel.cubin)."""
 
     module: str
+    kind: str = "module"
 
     def to_json(self) -> dict[str, Any]:
-        return {"module": self.module}
+        return {"module": self.module} if self.kind == "module" else {"module": self.module, "kind": self.kind}
 
     @classmethod
     def from_json(cls, f: Any) -> FlashInferLaunch:
         name = f.str("module", max_len=128)
         if not name.isidentifier():
-            raise f._bad("module", f"= {name!r:.80} is not a FlashInfer module name")
-        return cls(name)
+            raise f._bad("module", f"= {name!r:.80} is not a FlashInfer module or cache entry name")
+        kind = f.str("kind", optional=True) or "module"
+        if kind not in KINDS:
+            raise f._bad("kind", f"= {kind!r:.40} is not one of {KINDS}")
+        return cls(name, kind)
 
 
 @dataclass
@@ -71,6 +83,7 @@ class FlashInferServing:
     version: str
     architecture: str
     cuda_release: str | None  # "13.0": what `nvcc --version` said on the build box
+    trtllm: dict[str, str] = field(default_factory=dict)  # TensorRT-LLM DeepGEMM cache entry -> kernel id
     builds: list[str] = field(default_factory=list)  # modules FlashInfer went to build (refused in strict mode)
 
 
@@ -105,15 +118,24 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
             f"{here or 'no FlashInfer'}",
             fix=f"install flashinfer-python=={version} (what vLLM requires), or rebuild the bundle against the "
                 "installed FlashInfer with `nojit build`")
-    entries = {e.launch.module: e for e in manifest.entries if e.kernel in set(kernel_ids)}
+    wanted = set(kernel_ids)
+    entries = {e.launch.module: e for e in manifest.entries if e.kernel in wanted}
     root = seed(bundle, entries)
-    if "fp8_blockscale_gemm_90" in entries:
+    modules = {n: e.kernel for n, e in entries.items() if e.launch.kind == "module"}
+    cubins = {n: e.kernel for n, e in entries.items() if e.launch.kind == "trtllm_deepgemm"}
+    if cubins:
+        # TensorRT-LLM DeepGEMM reads the variable once, when fp8_blockscale_gemm_90 loads (compiler.cuh:65-79)
+        before = os.environ.get("TRTLLM_DG_CACHE_DIR")
+        os.environ["TRTLLM_DG_CACHE_DIR"] = os.path.join(root, TRTLLM)
+        if before and before != os.environ["TRTLLM_DG_CACHE_DIR"]:
+            log.warning("nojit: TRTLLM_DG_CACHE_DIR=%s replaced by %s, where the bundle's %d TensorRT-LLM DeepGEMM "
+                        "kernels are", before, os.environ["TRTLLM_DG_CACHE_DIR"], len(cubins))
+    elif "fp8_blockscale_gemm_90" in modules:
         # Loading that module creates TensorRT-LLM DeepGEMM's cache folders (its Compiler singleton, built at
         # static initialization: compiler.cuh:476-482), under $HOME unless TRTLLM_DG_CACHE_DIR is set; a
-        # read-only HOME would abort the process there. Its kernels are not bundled (loader/unserved.py).
-        os.environ.setdefault("TRTLLM_DG_CACHE_DIR", os.path.join(os.path.dirname(root), "tensorrt_llm"))
-    serving = FlashInferServing(root, {name: e.kernel for name, e in entries.items()}, version, arch,
-                                release.group(1) if release else None)
+        # read-only HOME would abort the process there.
+        os.environ.setdefault("TRTLLM_DG_CACHE_DIR", os.path.join(os.path.dirname(root), TRTLLM))
+    serving = FlashInferServing(root, modules, version, arch, release.group(1) if release else None, cubins)
     with _lock:
         _register_provider(serving, bundle.path)
         _current = serving
@@ -147,33 +169,42 @@ def _file_sha256(path: str) -> str | None:
 
 
 def seed(bundle: Any, entries: dict[str, Any], base: str | None = None) -> str:
-    """<root>/<module>/<module>.so for every entry, written once (temporary file, then rename) and checked
-    against the bundle's digest every time; files 0444, folders 0555. Idempotent across ranks."""
+    """Every entry where FlashInfer looks for it: <root>/<module>/<module>.so, and TensorRT-LLM DeepGEMM's
+    <root>/tensorrt_llm/cache/<name>/nvcc_kernel.cubin. Written once (temporary file, then rename) and checked
+    against the bundle's digest every time; files 0444, their folders 0555. Idempotent across ranks."""
     root = _root_for(entries, base)
     for name, entry in sorted(entries.items()):
-        folder = os.path.join(root, name)
-        path = os.path.join(folder, f"{name}.so")
-        if _file_sha256(path) == entry.blob:
-            continue
-        if os.path.lexists(path):
-            raise BundleCorruptError(f"{path} is not the FlashInfer module {name} of {bundle.path} (sha256 differs)",
-                                     fix=f"delete {root} (nojit writes it again at the next start)")
-        data = bundle.read_blob(entry.blob)  # checked against its sha256 by the bundle reader
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise BundleError(f"cannot write FlashInfer module {name} to {path}: {exc.strerror}",
-                              fix="set NOJIT_FLASHINFER_DIR to a writable directory (or delete a stale one)") from None
-        if _file_sha256(path) != entry.blob:
-            raise BundleCorruptError(f"{path}: written, but it does not read back as the bundle's module {name}",
-                                     fix=f"check the disk under {root}")
-        os.chmod(folder, 0o555)
+        if entry.launch.kind == "module":
+            _place(bundle, entry, name, os.path.join(root, name, f"{name}.so"), root)
+        else:
+            _place(bundle, entry, name, os.path.join(root, TRTLLM, "cache", name, "nvcc_kernel.cubin"), root)
+    if any(e.launch.kind == "trtllm_deepgemm" for e in entries.values()):
+        os.makedirs(os.path.join(root, TRTLLM, "tmp"), exist_ok=True)  # its Compiler creates it at load anyway
     return root
+
+
+def _place(bundle: Any, entry: Any, name: str, path: str, root: str) -> None:
+    if _file_sha256(path) == entry.blob:
+        return
+    if os.path.lexists(path):
+        raise BundleCorruptError(f"{path} is not the FlashInfer entry {name} of {bundle.path} (sha256 differs)",
+                                 fix=f"delete {root} (nojit writes it again at the next start)")
+    data = bundle.read_blob(entry.blob)  # checked against its sha256 by the bundle reader
+    folder = os.path.dirname(path)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise BundleError(f"cannot write FlashInfer entry {name} to {path}: {exc.strerror}",
+                          fix="set NOJIT_FLASHINFER_DIR to a writable directory (or delete a stale one)") from None
+    if _file_sha256(path) != entry.blob:
+        raise BundleCorruptError(f"{path}: written, but it does not read back as the bundle's entry {name}",
+                                 fix=f"check the disk under {root}")
+    os.chmod(folder, 0o555)
 
 
 # ------------------------------------------------------------------------------------------------ provider

@@ -517,7 +517,7 @@ def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: di
         from nojit.loader.flashinfer_serving import FlashInferLaunch
 
         launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
-        if key != launch.module:
+        if launch.kind == "module" and key != launch.module:
             raise ef._bad("key", "is not the FlashInfer module's name")
     else:
         launch = TileLangLaunch.from_json(lf)

@@ -50,30 +50,6 @@ UNSERVED: tuple[UnservedJit, ...] = (
         "serves DeepSeek-V4 only once DeepGEMM is bundled (issue 11)",
     ),
     UnservedJit(
-        "TensorRT-LLM DeepGEMM inside FlashInfer's fp8_blockscale_gemm_90 (nvcc via popen)",
-        "flashinfer",
-        "the kernels of the block-FP8 GEMM for M < 32: one nvcc -cubin per (N, K, tile config) at capture, looked "
-        "up in $TRTLLM_DG_CACHE_DIR/cache/gemm_swapAB_<N>_<K>_..._Normal/nvcc_kernel.cubin (FlashInfer "
-        "csrc/nv_internal/tensorrt_llm/deep_gemm/compiler.cuh:255-262, runtime.cuh:136-160). FlashInfer's own JIT "
-        "modules (that GEMM's module, the TP allreduce modules, sampling) are served from the bundle when it "
-        "holds them: `nojit build --runtime triton,tilelang,flashinfer` (loader/flashinfer_serving.py)",
-        "refused: nvcc is a firewall stand-in, so the first GEMM with M < 32 fails at capture; a FlashInfer module "
-        "the bundle lacks is refused by name (KernelNotInBundleError) before ninja runs",
-        (
-            Switch("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "the block-FP8 GEMM for M < 32 (utils/flashinfer.py)",
-                   "small-M linears use DeepGEMM's fp8_gemm_nt instead (the next kernel in "
-                   "kernels/linear/__init__.py); decode GEMMs may be slower",
-                   "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0"),
-            Switch("VLLM_ALLREDUCE_USE_FLASHINFER=0", "the FlashInfer allreduce (cuda_communicator.py), needed only "
-                   "with a bundle built without FlashInfer",
-                   "TP allreduce goes through vLLM's custom allreduce / NCCL", "VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
-            Switch("VLLM_USE_FLASHINFER_SAMPLER=0", "FlashInfer's top-k/top-p sampler (topk_topp_sampler.py), needed "
-                   "only with a bundle built without FlashInfer",
-                   "sampling uses vLLM's Triton top-k/top-p kernels, which the bundle serves; a little slower for "
-                   "large batches with top-k/top-p", "VLLM_USE_FLASHINFER_SAMPLER", "0"),
-        ),
-    ),
-    UnservedJit(
         "Humming (MXFP4 MoE, NVRTC in a child process)",
         "humming",
         "the routed experts (MXFP4 on sm_90 picks HUMMING: fused_moe/oracle/mxfp4.py, humming/priority.py); "

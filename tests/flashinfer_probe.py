@@ -87,6 +87,8 @@ try:
 except Exception as exc:  # noqa: BLE001 - the probe reports what FlashInfer's path raised
     result["missing"] = {"name": spec.name, "raised": type(exc).__name__, "message": str(exc)}
 result["compiles"] = compiles
+result["trtllm_cache_dir"] = os.environ.get("TRTLLM_DG_CACHE_DIR")
+result["trtllm"] = sorted(served.trtllm) if served else []
 result["started"] = started
 result["builds_seen_by_nojit"] = list(served.builds) if served else []
 with open(out, "w") as f:

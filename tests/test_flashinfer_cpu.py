@@ -3,8 +3,9 @@ functions, one built with FlashInfer's AOT builder (nvcc + ninja), and served th
 lookup with strict mode's firewall on: no process started (audit hook, and strace when installed), no
 compile entry point reached; a module the bundle lacks is refused (strict) or recorded (record).
 
-The build test compiles FlashInfer's `sampling` module, the smallest of the four (about 5.5 minutes on the
-2-core build box, cold). The work directory is nojit's default compile cache, so a rerun is a ninja no-op.
+The build compiles FlashInfer's `sampling` module, the smallest of the four (about 5.5 minutes on the 2-core
+build box, cold), and the six TensorRT-LLM DeepGEMM kernels of fp8_blockscale_gemm_90 (about 2 minutes).
+The work directory is nojit's default compile cache, so a rerun is a ninja no-op.
 NOJIT_FLASHINFER_TEST_BUNDLE names a bundle built before (`nojit build --runtime flashinfer`) to use instead.
 """
 
@@ -51,7 +52,8 @@ def fi_bundle(tmp_path_factory):
     if shutil.which("nvcc") is None and not os.environ.get("CUDA_HOME"):
         pytest.skip("no nvcc: FlashInfer's builder needs the CUDA toolkit")
     out = str(tmp_path_factory.mktemp("fi") / "fi.nojit")
-    run_cli("build", "--runtime", "flashinfer", "--kernels", "gen_sampling_module", "-o", out, "--quiet", "-j", "1")
+    run_cli("build", "--runtime", "flashinfer", "--kernels", "gen_sampling_module,gemm_base:fp8_blockscale", "-o", out,
+            "--quiet", "-j", "1")
     return out
 
 
@@ -94,6 +96,9 @@ def test_strict_serving_uses_flashinfers_own_loader(fi_bundle, tmp_path):
     assert result["compiles"]["run_ninja"] == 0 and result["compiles"]["build_jit_specs"] == 0
     assert result["compiles"]["JitSpecNvcc.build"] == 1  # the refused attempt
     assert result["builds_seen_by_nojit"] == ["vllm_comm"]
+    for name in result["trtllm"]:  # seeded where TensorRT-LLM DeepGEMM looks (its own lookup: the test below)
+        assert result["trtllm_cache_dir"] == os.path.join(root, "tensorrt_llm")
+        assert os.path.isfile(os.path.join(root, "tensorrt_llm", "cache", name, "nvcc_kernel.cubin"))
     # `import torch` (2.14) imports cuda.pathfinder, which asks ctypes.util.find_library("dl"), which runs
     # `ldconfig -p`: every process that imports torch does it, nojit or not. Nothing else starts, in any phase.
     others = [s for s in result["started"] if not ("ldconfig" in s[1] and "cuda/pathfinder" in s[1])]
@@ -149,3 +154,40 @@ def test_seeded_module_is_checked_against_the_bundle(fi_bundle, tmp_path):
             flashinfer_serving.install(bundle, ids, policy)
     finally:
         flashinfer_serving.installed_version = real
+
+
+def test_trtllm_deepgemm_finds_the_seeded_cubins_without_nvcc(fi_bundle, tmp_path):
+    """TensorRT-LLM DeepGEMM's own lookup (its Compiler::build, FlashInfer's copy, run by the build's driver)
+    finds every bundled kernel in the seeded cache: the nvcc it would run is a script that leaves a mark."""
+    from nojit.aot.runtimes.flashinfer import trtllm
+    from nojit.aot.runtimes.flashinfer.compiler import build_root, pip_cuda_dir
+    from nojit.loader import flashinfer_serving
+    from nojit.loader.bundle_file import Bundle
+    from importlib.metadata import version
+
+    bundle = Bundle.open(fi_bundle)
+    entries = {e.launch.module: e for e in bundle.manifest.entries
+               if bundle.manifest.kernels[e.kernel].runtime == "flashinfer"}
+    cubins = {n: e for n, e in entries.items() if e.launch.kind == "trtllm_deepgemm"}
+    if not cubins:
+        pytest.skip("the bundle holds no TensorRT-LLM DeepGEMM kernels")
+    root = flashinfer_serving.seed(bundle, entries, base=str(tmp_path / "seed"))
+    pip_cuda = pip_cuda_dir()
+    exe = trtllm.driver(build_root(os.path.expanduser("~/.cache/nojit"), "sm90a"), pip_cuda,
+                        trtllm.headers_digest(version("flashinfer-python")))
+    mark = tmp_path / "nvcc-ran"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho \"$@\" >> {mark}\nexit 1\n")
+    nvcc.chmod(0o755)
+    env = trtllm._env(pip_cuda, TRTLLM_DG_CACHE_DIR=os.path.join(root, "tensorrt_llm"), TRTLLM_DG_NVCC_COMPILER=str(nvcc))
+    for name, e in sorted(cubins.items()):
+        n, k = e.key["n"], e.key["k"]
+        lines = subprocess.run([exe, "configs", trtllm.jit_include_dir(), "132", str(n), str(k)], env=env,
+                               capture_output=True, text=True, check=True).stdout.split()
+        bm, bn, st, mc = lines[1:5]
+        done = subprocess.run([exe, "build", trtllm.jit_include_dir(), str(n), str(k), bm, bn, st, mc], env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"gemm_swapAB_{n}_{k}_" in name
+    assert not mark.exists(), mark.read_text()
+    print(f"\nTensorRT-LLM DeepGEMM: {len(cubins)} kernels found in {root}/tensorrt_llm/cache, nvcc never ran")

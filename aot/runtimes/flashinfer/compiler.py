@@ -38,7 +38,7 @@ def build_root(cache_dir: str, arch: str) -> str:
         cache_dir, "flashinfer", f"{package_version('flashinfer-python')}-{arch}")
 
 
-def _pip_cuda_dir() -> str | None:
+def pip_cuda_dir() -> str | None:
     try:
         import nvidia
 
@@ -77,7 +77,7 @@ def _link_stub_dir(root: str, pip_cuda: str | None) -> str:
 def toolkit_gaps(cuda_home: str, root: str) -> dict[str, str]:
     """FLASHINFER_EXTRA_CUDAFLAGS / FLASHINFER_EXTRA_LDFLAGS for what this toolkit lacks (module docstring)."""
     extra: dict[str, str] = {}
-    pip_cuda = _pip_cuda_dir()
+    pip_cuda = pip_cuda_dir()
     if not os.path.exists(os.path.join(cuda_home, "include", "curand.h")) and pip_cuda:
         extra["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-isystem {os.path.join(pip_cuda, 'include')}"
     if not os.path.exists(os.path.join(cuda_home, "lib64", "stubs", "libcuda.so")):
