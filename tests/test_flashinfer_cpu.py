@@ -179,7 +179,8 @@ def test_trtllm_deepgemm_finds_the_seeded_cubins_without_nvcc(fi_bundle, tmp_pat
     nvcc = tmp_path / "nvcc"
     nvcc.write_text(f"#!/bin/sh\necho \"$@\" >> {mark}\nexit 1\n")
     nvcc.chmod(0o755)
-    env = trtllm._env(pip_cuda, TRTLLM_DG_CACHE_DIR=os.path.join(root, "tensorrt_llm"), TRTLLM_DG_NVCC_COMPILER=str(nvcc))
+    env = trtllm.driver_env(exe, pip_cuda, TRTLLM_DG_CACHE_DIR=os.path.join(root, "tensorrt_llm"),
+                            TRTLLM_DG_NVCC_COMPILER=str(nvcc))
     for name, e in sorted(cubins.items()):
         n, k = e.key["n"], e.key["k"]
         lines = subprocess.run([exe, "configs", trtllm.jit_include_dir(), "132", str(n), str(k)], env=env,

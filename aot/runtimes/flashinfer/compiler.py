@@ -29,7 +29,7 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from nojit.aot.errors import BuildError
-from nojit.aot.runtimes.flashinfer.specs import flashinfer_target, make_spec, spec_digest
+from nojit.aot.runtimes.flashinfer.specs import cuda_architecture, flashinfer_target, make_spec, spec_digest
 from nojit.loader.toolchain import find_tool
 
 
@@ -98,8 +98,6 @@ def compile_module(gen: str, name: str, capability: tuple[int, int], cache_dir: 
         raise BuildError("FlashInfer modules need nvcc on the build box", fix="install the CUDA toolkit (nvcc 13.0) "
                          "and set CUDA_HOME, or build without them (--runtime triton,tilelang)")
     cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
-    from nojit.aot.runtimes.flashinfer.specs import cuda_architecture
-
     arch = cuda_architecture(capability)
     root = build_root(cache_dir, arch)
     os.environ.setdefault("CUDA_HOME", cuda_home)

@@ -7,6 +7,8 @@ builder made, and the source digest covers the module's sources and flags (specs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import version as package_version
 
 from nojit.aot.deployment import Deployment
@@ -22,8 +24,18 @@ from nojit.loader.flashinfer_serving import FlashInferLaunch
 NAME = "flashinfer"
 
 
+@dataclass(frozen=True)
+class FlashInferTables:
+    """A model's FlashInfer rows: the (N, K) of its block-FP8 linears per TP rank (they reach
+    fp8_blockscale_gemm_90 for M < 32, and TensorRT-LLM DeepGEMM's kernels inside it)."""
+
+    block_fp8_linears: Callable[[Deployment], list[tuple[int, int]]]
+
+
 def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
-    reached = reached_modules(d)
+    tables: FlashInferTables | None = model.tables.get(NAME)
+    linears = tables.block_fp8_linears(d) if tables is not None else []
+    reached = [m for m in reached_modules(d) if m.name != "fp8_blockscale_gemm_90" or linears]
     if not reached:
         return
     modules = [m for m in reached if selection.wants(m.gen)]
@@ -39,10 +51,10 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
             ))
             p.add(PlanRequest(m.gen, m.name, "exact", "call-site:" + m.call_site.split(":")[0]))
     if any(m.name == "fp8_blockscale_gemm_90" for m in reached) and selection.wants(trtllm.KERNEL_ID):
-        _plan_trtllm(p, d, version)
+        _plan_trtllm(p, d, version, linears)
 
 
-def _plan_trtllm(p: Plan, d: Deployment, version: str) -> None:
+def _plan_trtllm(p: Plan, d: Deployment, version: str, linears: list[tuple[int, int]]) -> None:
     """TensorRT-LLM DeepGEMM's kernels inside fp8_blockscale_gemm_90: one request per (N, K) (trtllm.py)."""
     p.add_kernel(trtllm.KERNEL_ID, PlanKernel(
         runtime=NAME, source_hash=trtllm.headers_digest(version), params=[],
@@ -50,7 +62,7 @@ def _plan_trtllm(p: Plan, d: Deployment, version: str) -> None:
               "switch": "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "capability": list(d.platform.capability),
               "sm_count": d.platform.sm_count},
     ))
-    for n, k in trtllm.shapes(d):
+    for n, k in trtllm.shapes(linears):
         p.add(PlanRequest(trtllm.KERNEL_ID, {"n": n, "k": k}, "exact", "derived:vllm/utils/flashinfer.py"))
 
 

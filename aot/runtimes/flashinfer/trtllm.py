@@ -23,7 +23,6 @@ import subprocess
 import tempfile
 from typing import Any
 
-from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.loader.toolchain import find_tool
 
@@ -32,19 +31,13 @@ COMMON_SOURCES = ("envUtils.cpp", "logger.cpp", "stringUtils.cpp", "tllmExceptio
 KERNEL_ID = "flashinfer.gemm.gemm_base:fp8_blockscale_gemm_sm90"  # what vLLM calls (utils/flashinfer.py:1181)
 
 
-def shapes(d: Deployment) -> list[tuple[int, int]]:
-    """(N, K) of the deployment's block-FP8 linears that vLLM sends to FlashInfer for M < 32."""
+def shapes(linears: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The (N, K) of the model's block-FP8 linears that vLLM sends to FlashInfer for M < 32 (vLLM's own rule)."""
     import torch
     from vllm.utils.flashinfer import should_use_flashinfer_for_blockscale_fp8_gemm
 
-    from nojit.aot.runtimes.deepgemm.shapes import fp8_gemm_nt_shapes
-
-    out = set()
-    for s in fp8_gemm_nt_shapes(d):  # the same linears: FlashInferFp8DeepGEMMDynamicBlockScaledKernel, M >= 32 DeepGEMM
-        if should_use_flashinfer_for_blockscale_fp8_gemm(True, torch.bfloat16, torch.bfloat16, torch.float8_e4m3fn,
-                                                          (s.n, s.k)):
-            out.add((s.n, s.k))
-    return sorted(out)
+    return sorted({(n, k) for n, k in linears if should_use_flashinfer_for_blockscale_fp8_gemm(
+        True, torch.bfloat16, torch.bfloat16, torch.float8_e4m3fn, (n, k))})
 
 
 def _data_dir() -> str:
@@ -71,7 +64,8 @@ def headers_digest(version: str) -> str:
 def _run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, capture_output=True, text=True, **kw)
     if done.returncode != 0:
-        raise BuildError(f"{os.path.basename(cmd[0])} failed ({done.returncode}): {(done.stderr or done.stdout)[-2000:]}",
+        output = (done.stderr or done.stdout)[-2000:]
+        raise BuildError(f"{os.path.basename(cmd[0])} failed ({done.returncode}): {output}",
                          fix="see the message; the build box needs nvcc and a C compiler")
     return done
 
@@ -108,6 +102,8 @@ def driver(root: str, pip_cuda: str | None, digest: str) -> str:
         lib = os.path.join(folder, "lib")
         os.makedirs(lib, exist_ok=True)
         _run([cc, "-shared", "-o", os.path.join(lib, "libcuda.so"), stub_c, "-Wl,-soname,libcuda.so.1"])
+        if not os.path.lexists(os.path.join(lib, "libcuda.so.1")):
+            os.symlink("libcuda.so", os.path.join(lib, "libcuda.so.1"))  # what the driver loads (never calls)
         link = [f"-L{lib}"]
         if pip_cuda:
             nvrtc = sorted(glob.glob(os.path.join(pip_cuda, "lib", "libnvrtc.so.*")))
@@ -120,16 +116,16 @@ def driver(root: str, pip_cuda: str | None, digest: str) -> str:
     return exe
 
 
-def _env(pip_cuda: str | None, **extra: str) -> dict[str, str]:
+def driver_env(exe: str, pip_cuda: str | None, **extra: str) -> dict[str, str]:
     env = dict(os.environ, **extra)
-    libs = [os.path.join(pip_cuda, "lib")] if pip_cuda else []
+    libs = [os.path.join(os.path.dirname(exe), "lib"), *([os.path.join(pip_cuda, "lib")] if pip_cuda else [])]
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
     return env
 
 
 def compile_shape(exe: str, pip_cuda: str | None, n: int, k: int, sm_count: int) -> tuple[str, bytes, dict[str, Any]]:
     """The one config FlashInfer's heuristic gives (N, K) for every M < 32, built by FlashInfer's Compiler."""
-    env = _env(pip_cuda)
+    env = driver_env(exe, pip_cuda)
     lines = _run([exe, "configs", jit_include_dir(), str(sm_count), str(n), str(k)], env=env).stdout.split("\n")
     configs = {tuple(map(int, line.split()[1:])) for line in lines if line.strip()}
     if len(configs) != 1:
@@ -139,7 +135,7 @@ def compile_shape(exe: str, pip_cuda: str | None, n: int, k: int, sm_count: int)
     nvcc = find_tool("nvcc") or "nvcc"
     with tempfile.TemporaryDirectory(prefix="nojit-trtllm-") as cache:
         _run([exe, "build", jit_include_dir(), str(n), str(k), str(bm), str(bn), str(stages), str(multicast)],
-             env=_env(pip_cuda, TRTLLM_DG_CACHE_DIR=cache, TRTLLM_DG_NVCC_COMPILER=nvcc, HOME=cache))
+             env=driver_env(exe, pip_cuda, TRTLLM_DG_CACHE_DIR=cache, TRTLLM_DG_NVCC_COMPILER=nvcc, HOME=cache))
         found = glob.glob(os.path.join(cache, "cache", "*", "nvcc_kernel.cubin"))
         if len(found) != 1:
             raise BuildError(f"TensorRT-LLM DeepGEMM's build for N={n} K={k} left {len(found)} cubins",
