@@ -136,7 +136,7 @@ def test_seeded_module_is_checked_against_the_bundle(fi_bundle, tmp_path):
                == "flashinfer"}
     root = flashinfer_serving.seed(bundle, entries, base=str(tmp_path))
     assert flashinfer_serving.seed(bundle, entries, base=str(tmp_path)) == root  # idempotent
-    name = sorted(entries)[0]
+    name = sorted(n for n, e in entries.items() if e.launch.kind == "module")[0]
     path = os.path.join(root, name, f"{name}.so")
     assert oct(os.stat(path).st_mode & 0o777) == "0o444"
     os.chmod(os.path.dirname(path), 0o755)
