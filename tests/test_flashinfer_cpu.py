@@ -29,16 +29,21 @@ MODULES = {
     "trtllm_comm": "flashinfer.jit.comm:gen_trtllm_comm_module",
     "sampling": "flashinfer.jit.sampling:gen_sampling_module",
 }
+TRTLLM = "flashinfer.gemm.gemm_base:fp8_blockscale_gemm_sm90"
 MISSING = "flashinfer.jit.comm:gen_vllm_comm_module"  # a real FlashInfer module no bundle here holds
 PROBE = os.path.join(ROOT, "tests", "flashinfer_probe.py")
 
 
 def test_default_deployment_reaches_four_modules(tmp_path):
-    """The plan names FlashInfer's gen functions and keys each by the module name FlashInfer itself gives."""
+    """The plan names FlashInfer's gen functions and keys each by the module name FlashInfer itself gives, plus
+    one TensorRT-LLM DeepGEMM kernel per (N, K) of the block-FP8 linears (the same linears as DeepGEMM's)."""
     plan = tmp_path / "plan.json"
     run_cli("build", "--runtime", "flashinfer", "--plan-only", "--emit-plan", str(plan), "-o", str(tmp_path / "x"))
     p = json.loads(plan.read_text())
-    assert {r["key"]: r["kernel"] for r in p["requests"]} == MODULES
+    modules = {r["key"]: r["kernel"] for r in p["requests"] if isinstance(r["key"], str)}
+    assert modules == MODULES
+    shapes = sorted((r["key"]["n"], r["key"]["k"]) for r in p["requests"] if r["kernel"] == TRTLLM)
+    assert shapes == [(384, 4096), (1024, 4096), (4096, 512), (4096, 2048), (4096, 4096), (8192, 1024)]
     assert all(k["runtime"] == "flashinfer" and len(k["source_hash"]) == 64 for k in p["kernels"].values())
     assert {k["info"]["switch"] for k in p["kernels"].values()} == {
         "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_USE_FLASHINFER_SAMPLER"}
