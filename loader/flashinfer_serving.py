@@ -98,8 +98,9 @@ def installed_version() -> str | None:
         return None
 
 
-def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServing:
-    """Seed the provider directory, register it with FlashInfer and watch FlashInfer's build path."""
+def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServing | None:
+    """Seed the provider directory, register it with FlashInfer and watch FlashInfer's build path. None where
+    FlashInfer is not installed: nothing in the process can reach its modules."""
     global _current
     manifest = bundle.manifest
     records = [manifest.kernels[k] for k in kernel_ids]
@@ -112,10 +113,14 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
     version, arch = versions.pop(), arches.pop()
     release = re.search(r"release (\d+\.\d+),", " ".join(str(r.info.get("nvcc", "")) for r in records))
     here = installed_version()
+    if here is None:
+        log.info("nojit: FlashInfer is not installed here; the bundle's %d FlashInfer entries are not needed",
+                 len(kernel_ids))
+        return None
     if here != version:
         raise BundleMismatchError(
             f"{bundle.path}: its FlashInfer modules were built by FlashInfer {version}, this process has "
-            f"{here or 'no FlashInfer'}",
+            f"{here}",
             fix=f"install flashinfer-python=={version} (what vLLM requires), or rebuild the bundle against the "
                 "installed FlashInfer with `nojit build`")
     wanted = set(kernel_ids)
