@@ -85,6 +85,20 @@ def toolkit_gaps(cuda_home: str, root: str) -> dict[str, str]:
     return extra
 
 
+def toolkit_root(nvcc: str) -> str:
+    """CUDA_HOME, else the toolkit nvcc itself says it runs from (`nvcc --dryrun` prints _HERE_=<toolkit>/bin):
+    the nvcc on PATH may be a wrapper script outside the toolkit (here /usr/local/bin/nvcc execs the real one),
+    and FlashInfer takes the toolkit's include/ and lib64/ from CUDA_HOME (jit/cpp_ext.py:47-63, 274-279)."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull], capture_output=True,
+                         text=True).stderr
+    for line in out.splitlines():
+        if line.startswith("#$ _HERE_="):
+            return os.path.dirname(line.split("=", 1)[1].strip())
+    return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+
+
 def nvcc_release(nvcc: str) -> str:
     """The line of `nvcc --version` FlashInfer reads its CUDA version from (jit/cpp_ext.py:68-79)."""
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
@@ -97,7 +111,7 @@ def compile_module(gen: str, name: str, capability: tuple[int, int], cache_dir: 
     if nvcc is None:
         raise BuildError("FlashInfer modules need nvcc on the build box", fix="install the CUDA toolkit (nvcc 13.0) "
                          "and set CUDA_HOME, or build without them (--runtime triton,tilelang)")
-    cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    cuda_home = toolkit_root(nvcc)
     arch = cuda_architecture(capability)
     root = build_root(cache_dir, arch)
     os.environ.setdefault("CUDA_HOME", cuda_home)
