@@ -62,11 +62,38 @@ def fi_bundle(tmp_path_factory):
     return out
 
 
+def _libcuda_stand_in(bundle_path: str, folder) -> str | None:
+    """This box has no driver: a libcuda.so.1 defining the driver functions the bundled modules import (never
+    called here: nothing launches), so that the dynamic loader can load fp8_blockscale_gemm_90.so, which needs it."""
+    from nojit.loader.bundle_file import Bundle
+
+    if shutil.which("cc") is None or shutil.which("nm") is None:
+        return None
+    bundle = Bundle.open(bundle_path)
+    symbols: set[str] = set()
+    for e in bundle.manifest.entries:
+        if bundle.manifest.kernels[e.kernel].runtime == "flashinfer" and e.launch.kind == "module":
+            so = folder / f"{e.launch.module}.so"
+            so.write_bytes(bundle.read_blob(e.blob))
+            out = subprocess.run(["nm", "-D", "--undefined-only", str(so)], capture_output=True, text=True).stdout
+            names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+            symbols |= {n for n in names if n[:2] == "cu" and n[2:3].isupper()}
+            so.unlink()
+    src = folder / "libcuda.c"
+    src.write_text("".join(f"int {name}(void) {{ return 999; }}\n" for name in sorted(symbols)))
+    subprocess.run(["cc", "-shared", "-o", str(folder / "libcuda.so.1"), str(src), "-Wl,-soname,libcuda.so.1"],
+                   check=True)
+    return str(folder)
+
+
 def _probe(bundle: str, tmp_path, mode: str, extra_env: dict | None = None) -> tuple[dict, list[str] | None]:
     out = tmp_path / "probe.json"
+    libcuda = _libcuda_stand_in(bundle, tmp_path)
     env = {**os.environ, "NOJIT_MODE": mode, "NOJIT_FLASHINFER_DIR": str(tmp_path / "seed"),
            "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "home"), "TRTLLM_DG_CACHE_DIR": str(tmp_path / "trtllm"),
            "NOJIT_EVENT_LOG": str(tmp_path / "events.jsonl"), **(extra_env or {})}
+    if libcuda:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libcuda, env.get("LD_LIBRARY_PATH")]))
     env.pop("FLASHINFER_CUDA_ARCH_LIST", None)
     env["FLASHINFER_CUDA_ARCH_LIST"] = "9.0a"  # the GPU FlashInfer would see on the serving machine
     cmd = [sys.executable, PROBE, bundle, str(out), MISSING]
