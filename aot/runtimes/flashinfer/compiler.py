@@ -11,8 +11,8 @@ so ninja rebuilds nothing that is up to date. ninja runs one job (MAX_JOBS, defa
 already runs one module per worker.
 
 A toolkit without curand.h (a pip-only CUDA) or without lib64/stubs/libcuda.so (no driver on a build box)
-gets what FlashInfer's own build needs through FlashInfer's own variables: FLASHINFER_EXTRA_CUDAFLAGS
-adds the pip CUDA headers after the toolkit's, FLASHINFER_EXTRA_LDFLAGS a directory with a link-time
+gets what FlashInfer's own build needs through FlashInfer's own variables: FLASHINFER_EXTRA_CUDAFLAGS and
+FLASHINFER_EXTRA_CFLAGS add the pip CUDA headers after the toolkit's, FLASHINFER_EXTRA_LDFLAGS a directory with a link-time
 libcuda.so (SONAME libcuda.so.1, no code: the driver's own library answers at run time) and libnvrtc.so
 (the pip NVRTC); --no-as-needed keeps libcuda.so.1 in each module's DT_NEEDED, as linking against the
 toolkit's stub does. What was added is recorded with the module.
@@ -79,7 +79,9 @@ def toolkit_gaps(cuda_home: str, root: str) -> dict[str, str]:
     extra: dict[str, str] = {}
     pip_cuda = pip_cuda_dir()
     if not os.path.exists(os.path.join(cuda_home, "include", "curand.h")) and pip_cuda:
+        # both the nvcc and the c++ sources include CUDA library headers (curand.h, cublasLt.h)
         extra["FLASHINFER_EXTRA_CUDAFLAGS"] = f"-isystem {os.path.join(pip_cuda, 'include')}"
+        extra["FLASHINFER_EXTRA_CFLAGS"] = f"-isystem {os.path.join(pip_cuda, 'include')}"
     if not os.path.exists(os.path.join(cuda_home, "lib64", "stubs", "libcuda.so")):
         extra["FLASHINFER_EXTRA_LDFLAGS"] = f"-L{_link_stub_dir(root, pip_cuda)} -Wl,--no-as-needed"
     return extra
