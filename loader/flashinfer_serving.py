@@ -83,6 +83,7 @@ class FlashInferServing:
     version: str
     architecture: str
     cuda_release: str | None  # "13.0": what `nvcc --version` said on the build box
+    gpu_archs: tuple[str, ...] | None  # what `nvcc --list-gpu-arch` said there
     trtllm: dict[str, str] = field(default_factory=dict)  # TensorRT-LLM DeepGEMM cache entry -> kernel id
     builds: list[str] = field(default_factory=list)  # modules FlashInfer went to build (refused in strict mode)
 
@@ -140,7 +141,9 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
         # static initialization: compiler.cuh:476-482), under $HOME unless TRTLLM_DG_CACHE_DIR is set; a
         # read-only HOME would abort the process there.
         os.environ.setdefault("TRTLLM_DG_CACHE_DIR", os.path.join(os.path.dirname(root), TRTLLM))
-    serving = FlashInferServing(root, modules, version, arch, release.group(1) if release else None, cubins)
+    archs = next((tuple(r.info["nvcc_gpu_archs"]) for r in records if isinstance(r.info.get("nvcc_gpu_archs"), list)),
+                 None)
+    serving = FlashInferServing(root, modules, version, arch, release.group(1) if release else None, archs, cubins)
     with _lock:
         _register_provider(serving, bundle.path)
         _current = serving
@@ -304,16 +307,22 @@ def _patch_core() -> None:
 
 
 def _answer_cuda_version(cpp_ext: Any) -> None:
-    """FlashInfer's gen functions ask `nvcc --version` for the CUDA release (is_cuda_version_at_least, e.g.
-    jit/gemm/fp8_blockscale.py:16), a process even when the module then loads from the bundle. The answer is
-    the bundle's: the release of the nvcc that built the modules (what the firewall's stand-in would print)."""
+    """FlashInfer's gen functions ask nvcc, in a process, even when the module then loads from the bundle:
+    `nvcc --version` for the CUDA release (is_cuda_version_at_least, e.g. jit/gemm/fp8_blockscale.py:16) and
+    `nvcc --list-gpu-arch` (compilation_context.py:55-68, via get_nvcc_flags_list for the comm modules). The
+    answers are the bundle's: what the nvcc that built the modules printed."""
     serving = _current
-    if serving is None or serving.cuda_release is None:
+    if serving is None:
         return
-    from packaging.version import Version
+    if serving.cuda_release is not None:
+        from packaging.version import Version
 
-    release = Version(serving.cuda_release)
-    cpp_ext.get_cuda_version = lambda: release
+        release = Version(serving.cuda_release)
+        cpp_ext.get_cuda_version = lambda: release
+    context = sys.modules.get("flashinfer.compilation_context")
+    if serving.gpu_archs is not None and context is not None:
+        supports_sm107 = "compute_107" in serving.gpu_archs
+        context._nvcc_supports_sm107 = lambda: supports_sm107
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -101,6 +101,12 @@ def toolkit_root(nvcc: str) -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
 
 
+def nvcc_gpu_archs(nvcc: str) -> list[str]:
+    """`nvcc --list-gpu-arch`, which FlashInfer's gen functions ask (compilation_context.py:55-68)."""
+    out = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True).stdout
+    return sorted(out.split())
+
+
 def nvcc_release(nvcc: str) -> str:
     """The line of `nvcc --version` FlashInfer reads its CUDA version from (jit/cpp_ext.py:68-79)."""
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
@@ -149,6 +155,7 @@ def compile_module(gen: str, name: str, capability: tuple[int, int], cache_dir: 
     info = {
         "flashinfer_version": version, "module": name, "gen": gen, "cuda_arch": arch, "spec_sha256": digest,
         "nvcc": nvcc_release(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")),
+        "nvcc_gpu_archs": nvcc_gpu_archs(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")),
         "toolkit_gaps": {k: v.replace(root, "<build>").replace(cuda_home, "<cuda>") for k, v in sorted(gaps.items())},
     }
     print(f"nojit: FlashInfer module {name} built in {seconds:.1f} s ({len(data)} bytes)", flush=True)
