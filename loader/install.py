@@ -124,6 +124,7 @@ class Installation:
     tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
     cutedsl: dict[str, Any] = field(default_factory=dict)  # kernel id -> CuteKernelServer (cutedsl_serving)
     deepgemm: Any = None  # DeepGemmServing (loader/deepgemm_serving.py) when the bundle has DeepGEMM entries
+    flashinfer: Any = None  # FlashInferServing: FlashInfer's modules as a jit-cache provider (flashinfer_serving.py)
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
@@ -145,6 +146,10 @@ class Installation:
             tilelang_serving.uninstall(self.tilelang)
         for server in self.cutedsl.values():
             server.uninstall()
+        if self.flashinfer is not None:
+            from nojit.loader import flashinfer_serving
+
+            flashinfer_serving.uninstall()
         self.triton.clear()
         self.tilelang.clear()
         self.cutedsl.clear()
@@ -224,6 +229,11 @@ def install(
             from nojit.loader import tilelang_serving
 
             inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, allow)  # filled as vLLM decorates
+        flashinfer_ids = [k for k in wanted if records[k].runtime == "flashinfer"]
+        if flashinfer_ids:
+            from nojit.loader import flashinfer_serving
+
+            inst.flashinfer = flashinfer_serving.install(bundle, flashinfer_ids, policy)
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)

@@ -16,7 +16,7 @@ from typing import Any
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 1
-RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm")
+RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
@@ -570,6 +570,12 @@ def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: di
     elif record.runtime == "cutedsl":
         launch = CuteLaunch.from_json(lf)
         _check_cute_key(ef, key)
+    elif record.runtime == "flashinfer":
+        from nojit.loader.flashinfer_serving import FlashInferLaunch
+
+        launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
+        if launch.kind == "module" and key != launch.module:
+            raise ef._bad("key", "is not the FlashInfer module's name")
     else:
         launch = TileLangLaunch.from_json(lf)
         _check_tilelang_key(ef, key, launch)

@@ -51,24 +51,6 @@ UNSERVED: tuple[UnservedJit, ...] = (
         "moves the compiles to the profile run and capture (issue 11: MQA logits not enumerated yet)",
     ),
     UnservedJit(
-        "FlashInfer JIT (ninja + nvcc + c++)",
-        "flashinfer",
-        "fp8_blockscale_gemm_90 for block-FP8 linears with M < 32 (with TensorRT-LLM's DeepGEMM copy, nvcc via "
-        "popen) and the TP allreduce fusion, both at capture; top-k/top-p sampling at the first sampled request",
-        "refused: its build runs nvcc/ninja stand-ins (version probes answered, compiles refused)",
-        (
-            Switch("VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0", "the block-FP8 GEMM for M < 32 (utils/flashinfer.py)",
-                   "small-M linears use DeepGEMM's fp8_gemm_nt instead (the next kernel in "
-                   "kernels/linear/__init__.py); decode GEMMs may be slower", "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "0"),
-            Switch("VLLM_ALLREDUCE_USE_FLASHINFER=0", "the FlashInfer allreduce fusion (cuda_communicator.py)",
-                   "TP allreduce goes through vLLM's custom allreduce / NCCL, without the RMSNorm fusion",
-                   "VLLM_ALLREDUCE_USE_FLASHINFER", "0"),
-            Switch("VLLM_USE_FLASHINFER_SAMPLER=0", "FlashInfer's top-k/top-p sampler (topk_topp_sampler.py)",
-                   "sampling uses vLLM's Triton top-k/top-p kernels, which the bundle serves; a little slower for "
-                   "large batches with top-k/top-p", "VLLM_USE_FLASHINFER_SAMPLER", "0"),
-        ),
-    ),
-    UnservedJit(
         "Humming (MXFP4 MoE, NVRTC in a child process)",
         "humming",
         "the routed experts (MXFP4 on sm_90 picks HUMMING: fused_moe/oracle/mxfp4.py, humming/priority.py); "

@@ -23,6 +23,8 @@
 #            kernel are launched and checked from the installed file
 #   replace  servers (one per GPU, or 4 on one) and readers use a bundle while its file is replaced twice
 #            (a copy, then a --no-generic rebuild): bit-identical to the JIT, no error (REPLACE_SECONDS, default 180)
+#   flashinfer  .device/flashinfer.nojit: its TensorRT-LLM DeepGEMM cubins loaded on the GPU as TensorRT-LLM loads
+#            them (kernel found), its FlashInfer .so modules checked as files (they need torch 2.14 and FlashInfer)
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -154,6 +156,9 @@ PY
       [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
       python3 bench/bench_fastpath.py --bundle $W/triton.nojit --sources $MAP --cold-budget-s 60 \
         --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
+      ;;
+    flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
+      python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -20,7 +20,8 @@ from nojit.aot.models.deepseek_v4.owners import DSV4_OWNERS, REPORT_KERNELS
 from nojit.aot.models.deepseek_v4.runner_derived import RUNNER_DERIVED
 from nojit.aot.models.deepseek_v4.runner_owners import RUNNER_OWNERS
 from nojit.aot.runtimes.deepgemm import DeepGemmTables
-from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
+from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, fp8_gemm_nt_shapes
+from nojit.aot.runtimes.flashinfer import FlashInferTables
 from nojit.aot.runtimes.tilelang import TileLangTables
 from nojit.aot.runtimes.triton import TritonTables
 
@@ -30,7 +31,9 @@ TRITON = TritonTables(
     vllm_config=make_vllm_config,
 )
 TILELANG = TileLangTables(registrations=mhc.registrations)
+# The block-FP8 linears: DeepGEMM's fp8_gemm_nt for M >= 32 and FlashInfer's fp8_blockscale_gemm_90 for M < 32
+FLASHINFER = FlashInferTables(block_fp8_linears=lambda d: [(s.n, s.k) for s in fp8_gemm_nt_shapes(d)])
 
 MODEL = Model(name="deepseek_v4", model_type="deepseek_v4",
               tables={"triton": TRITON, "tilelang": TILELANG, "cutedsl": CUTEDSL,
-                      "deepgemm": DeepGemmTables(shapes=deepgemm_shapes)})
+                      "deepgemm": DeepGemmTables(shapes=deepgemm_shapes), "flashinfer": FLASHINFER})
