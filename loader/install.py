@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle
-from nojit.loader.errors import BundleError, BundleMismatchError, NoJitError
+from nojit.loader.errors import BundleError, BundleMismatchError
 from nojit.loader import firewall
 from nojit.loader.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.settings import Mode, settings
-from nojit.loader.versions import RuntimeVersions, check_source, check_versions
+from nojit.loader.versions import RuntimeVersions, check_versions
 
 log = logging.getLogger("nojit")
 
@@ -125,8 +125,17 @@ class Installation:
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
+    def prepare(self) -> int:
+        """Check and prepare every installed kernel now (source hash, its section of the bundle, launch tables);
+        install() leaves this to each kernel's first use. Returns how many kernels."""
+        servers = (*self.triton.values(), *self.tilelang.values())
+        for s in servers:
+            s.prepare()
+        return len(servers)
+
     def preload(self, device: int | None = None) -> int:
-        """Load every bundled module on `device` (default: current). Call before CUDA-graph capture."""
+        """Load every bundled module on `device` (default: current), preparing every kernel first. Call before
+        CUDA-graph capture."""
         from nojit.loader.torch_cuda import current_device
 
         dev = current_device() if device is None else device
@@ -188,26 +197,32 @@ def install(
                                   f"other arguments: {', '.join(differs)}",
                                   fix="call install() once per process, or uninstall() the first installation first")
             return _current
-        path = bundle_path or settings.bundle or _installed_bundle_path()
-        if not path:
-            raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`, "
-                              "or install a bundle wheel made by `nojit package`")
+        path = bundle_path or settings.bundle
         mode = Mode(mode) if mode is not None else settings.mode
         allow = settings.allow_mismatch if allow_mismatch is None else _allowed_words(allow_mismatch)
-        bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
+        if path:
+            bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
+        else:
+            from nojit.loader.installed_bundles import open_installed_bundle
+
+            wheel_bundle = open_installed_bundle(settings.bundle_sha256)  # sha256-pinned by the wheel's record
+            if wheel_bundle is None:
+                raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`, "
+                                  "or install a bundle wheel made by `nojit package`")
+            bundle, path = wheel_bundle, wheel_bundle.path
         if mode is Mode.STRICT:
-            firewall.activate(bundle.manifest)  # before anything imports a library that looks for compilers
-        allowed = check_versions(bundle.manifest, path, RuntimeVersions.of_this_process(), allow)
+            firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
+        allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         recorder = None
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
         policy = ServingPolicy(mode, path, recorder)
         inst = Installation(bundle, policy, mode, allowed_differences=allowed,
                             arguments={**asked, "bundle_path": path, "mode": mode, "allow_mismatch": allow})
-        packages = ("vllm",) if bundle.manifest.producer.vllm else ()  # what the bundle was built from
+        packages = ("vllm",) if bundle.index.producer.vllm else ()  # what the bundle was built from
         resolve = resolver or (lambda kid: resolve_installed(kid, packages))
         wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
-        records = bundle.manifest.kernels
+        records = bundle.index.kernels
         tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
         if tilelang_ids:
             from nojit.loader import tilelang_serving
@@ -220,7 +235,7 @@ def install(
         from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability
 
-        launcher().device_check = lambda device: check_arch(bundle.manifest, path, device_capability(device), allow)
+        launcher().device_check = lambda device: check_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
             install_strict_guards()
         for line in allowed:
@@ -228,18 +243,10 @@ def install(
         if not settings.quiet:
             log.info(
                 "nojit: serving %d Triton and %d TileLang kernels (%d entries) from %s in %s mode",
-                len(inst.triton), len(inst.tilelang), len(bundle.manifest.entries), path, mode.value,
+                len(inst.triton), len(inst.tilelang), bundle.index.entry_count, path, mode.value,
             )
         _current = inst
         return inst
-
-
-def _installed_bundle_path() -> str | None:
-    """The bundle of the one installed bundle wheel, sha256-checked (installed_bundles.py)."""
-    from nojit.loader.installed_bundles import verified_installed_bundle
-
-    found = verified_installed_bundle()
-    return found.path if found else None
 
 
 def _allowed_words(words: Any) -> frozenset[str]:
@@ -266,7 +273,6 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
     instrumentation_mode = knobs.compilation.instrumentation_mode
     bundle = inst.bundle
     for kid in kernel_ids:
-        record = bundle.manifest.kernels[kid]
         fn = jit_function_of(resolve(kid))
         if fn is None:
             raise BundleMismatchError(
@@ -274,18 +280,10 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
                 fix="vLLM replaced Triton with a placeholder (no GPU driver?) or the kernel changed; "
                 "rebuild the bundle against the installed vLLM",
             )
-        if not check_source(kid, record.source_hash, fn.cache_key, bundle.path, allow):
-            inst.allowed_differences.append(f"source: {kid} changed since the bundle was built")
-            log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)", kid)
-        try:
-            server = TritonKernelServer(
-                fn, record, bundle.entries(kid), bundle, inst.policy, specializer, debug, instrumentation_mode,
-                fast_path=settings.fast_path,
-            )
-        except NoJitError:
-            raise
-        except Exception as exc:  # a malformed key in an otherwise valid manifest
-            raise BundleMismatchError(f"kernel {kid}: cannot serve its bundle entries ({exc})",
-                                      fix="rebuild the bundle with `nojit build`") from None
+        # Source check, section and tables: at the kernel's first use (TritonKernelServer.prepare); in a vLLM
+        # worker that is the warmup registry's preflight, then preload() for every kernel, before serving.
+        server = TritonKernelServer(fn, bundle.index.kernels[kid], bundle, inst.policy, specializer, debug,
+                                    instrumentation_mode, fast_path=settings.fast_path, allow=allow,
+                                    differences=inst.allowed_differences)
         fn.run = server.entry_point  # instance attribute: shadows JITFunction.run for this kernel only
         inst.triton[kid] = server

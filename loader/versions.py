@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 
 from nojit.loader.errors import BundleMismatchError
-from nojit.loader.manifest import Manifest
+from nojit.loader.manifest import Index, Manifest
 
 from nojit.loader.settings import MISMATCH_FACTS  # noqa: F401  (the words NOJIT_ALLOW_MISMATCH accepts)
 
@@ -61,11 +61,11 @@ class RuntimeVersions:
         return cls(installed_version("vllm"), installed_version("triton"), installed_version("tilelang"))
 
 
-def _runtimes(manifest: Manifest) -> set[str]:
+def _runtimes(manifest: Manifest | Index) -> set[str]:
     return {k.runtime for k in manifest.kernels.values()}
 
 
-def version_differences(manifest: Manifest, runtime: RuntimeVersions) -> dict[str, str]:
+def version_differences(manifest: Manifest | Index, runtime: RuntimeVersions) -> dict[str, str]:
     """fact -> human description, for every producer fact that differs from this process."""
     diffs: dict[str, str] = {}
     p = manifest.producer
@@ -79,7 +79,7 @@ def version_differences(manifest: Manifest, runtime: RuntimeVersions) -> dict[st
     return diffs
 
 
-def check_versions(manifest: Manifest, path: str, runtime: RuntimeVersions, allow: frozenset[str]) -> list[str]:
+def check_versions(manifest: Manifest | Index, path: str, runtime: RuntimeVersions, allow: frozenset[str]) -> list[str]:
     """Raise BundleMismatchError for differences not allowed; return the allowed ones (to log)."""
     diffs = version_differences(manifest, runtime)
     refused = {k: v for k, v in diffs.items() if k not in allow}
@@ -93,7 +93,7 @@ def check_versions(manifest: Manifest, path: str, runtime: RuntimeVersions, allo
     return [diffs[k] for k in sorted(diffs) if k in allow]
 
 
-def check_arch(manifest: Manifest, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
+def check_arch(manifest: Manifest | Index, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
     """sm_90a SASS runs on compute capability 9.0 only; anything else must be refused."""
     have = capability[0] * 10 + capability[1]
     if have != manifest.target.capability and "arch" not in allow:
