@@ -1,9 +1,15 @@
 """Install a bundle into this process: the one public entry point of the loader.
 
-`install()` opens the bundle, refuses it if it does not match this process (versions,
-kernel source), puts a bundle server on every bundled Triton kernel and TileLang kernel,
+`install()` opens the bundle (header and index), refuses it if it does not match this
+process (versions), puts a bundle server on every bundled Triton kernel and TileLang kernel,
 and, in strict mode, closes every path to a compiler. It is safe to call more than once
 (the second call returns the first installation).
+
+It pays only for what every process needs (the API server runs no kernel): each kernel's
+source hash, its section of the bundle and its launch tables are checked and built at the
+kernel's first use (`prepare`). In a vLLM worker that is the warmup registry's preflight,
+which tries every declared key, and the preload that follows, which prepares every kernel,
+so all of it is checked at startup, before serving; `Installation.prepare()` does it on demand.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import pathlib
 import sys
 import threading
 from collections.abc import Callable
@@ -69,35 +76,56 @@ def _check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...
     root = module_name.partition(".")[0]
     if root not in packages or not all(p.isidentifier() for p in module_name.split(".")):
         raise refuse
+    if module_name in _checked_modules:
+        return
     try:
         spec = importlib.util.find_spec(module_name)  # imports the parent packages: modules of `root`
     except (ImportError, ValueError):
         spec = None
-    if spec is None or not spec.origin or os.path.realpath(spec.origin) not in _distribution_files(root):
+    if spec is None or not spec.origin or not _is_installed_file(root, spec.origin):
         raise refuse
+    _checked_modules.add(module_name)
 
 
-_files_of: dict[str, frozenset[str]] = {}
+_checked_modules: set[str] = set()
+_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...]]] = {}  # package -> (site root, RECORD paths, dirs)
 
 
-def _distribution_files(package: str) -> frozenset[str]:
-    """Absolute paths of the files the installed distribution of `package` holds (its RECORD), or its directory's."""
-    files = _files_of.get(package)
-    if files is None:
-        found: set[str] = set()
+def _is_installed_file(package: str, origin: str) -> bool:
+    """Whether `origin` is a .py file the installed distribution of `package` holds (a line of its RECORD),
+    or, for an editable (development) install whose RECORD lists no modules, a .py file of its source tree.
+    One RECORD read per package; no per-file work over the whole distribution."""
+    found = _installed.get(package)
+    if found is None:
+        root, record = "", ""
         try:
-            dist = importlib.metadata.distribution(package)
-            found = {os.path.realpath(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".py")}
+            dist = _distribution(package)
+            root = os.path.realpath(str(dist.locate_file("")))
+            record = dist.read_text("RECORD") or ""
         except importlib.metadata.PackageNotFoundError:
             pass
         spec = importlib.util.find_spec(package)
-        if not found and spec is not None and spec.submodule_search_locations:
-            # an editable (development) install's RECORD lists no modules: its source tree is the package
-            for base in spec.submodule_search_locations:
-                for d, _, names in os.walk(base):
-                    found.update(os.path.realpath(os.path.join(d, n)) for n in names if n.endswith(".py"))
-        files = _files_of[package] = frozenset(found)
-    return files
+        dirs = tuple(os.path.realpath(d) for d in (spec.submodule_search_locations or ())) if spec else ()
+        listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
+        found = _installed[package] = (root, listed, dirs)
+    root, listed, dirs = found
+    path = os.path.realpath(origin)
+    if not path.endswith(".py"):
+        return False
+    if root and os.path.relpath(path, root) in listed:
+        return True
+    has_modules = any(p.endswith("/__init__.py") for p in listed)
+    return not has_modules and any(path.startswith(d + os.sep) for d in dirs)
+
+
+def _distribution(package: str) -> importlib.metadata.Distribution:
+    """The package's distribution, found next to it (one directory listing) before a search of sys.path."""
+    from nojit.loader.versions import dist_info_dir
+
+    found = dist_info_dir(package)
+    if found is not None:
+        return importlib.metadata.PathDistribution(pathlib.Path(found))
+    return importlib.metadata.distribution(package)
 
 
 def jit_function_of(obj: Any) -> Any:

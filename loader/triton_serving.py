@@ -164,8 +164,6 @@ class TritonKernelServer:
         self.record = record
         self.policy = policy
         self.bundle = bundle
-        self.names = tuple(p.name for p in fn.params)
-        self._runtime_param = tuple(not p.is_constexpr for p in fn.params)
         self._specializer = specializer
         self._debug = debug
         self._instrumentation_mode = instrumentation_mode
@@ -215,6 +213,8 @@ class TritonKernelServer:
             self._ready = True
 
     def _build(self, entries: tuple[Entry, ...]) -> None:
+        self.names = tuple(p.name for p in self.fn.params)
+        self._runtime_param = tuple(not p.is_constexpr for p in self.fn.params)
         self._binder = make_binder(self.fn, self._specializer)
         self._exact: dict[Key, TritonVariant] = {}
         self._generic: dict[Key, TritonVariant] = {}  # by layout spec (see triton_key.layout_spec)

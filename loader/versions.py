@@ -9,7 +9,6 @@ Versions are read from package metadata, so checking TileLang's never imports it
 
 from __future__ import annotations
 
-import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -28,24 +27,42 @@ def installed_version(distribution: str) -> str | None:
     version = getattr(sys.modules.get(distribution), "__version__", None)
     if isinstance(version, str):
         return version
-    try:
-        spec = importlib.util.find_spec(distribution)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.origin:
-        site = os.path.dirname(os.path.dirname(spec.origin))
-        found = glob.glob(os.path.join(glob.escape(site), f"{distribution}-*.dist-info", "METADATA"))
-        if len(found) == 1:
-            with open(found[0], encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-                    if not line.strip():
-                        break
+    info = dist_info_dir(distribution)
+    if info is not None and os.path.isfile(os.path.join(info, "METADATA")):
+        with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+_listings: dict[str, list[str]] = {}
+
+
+def dist_info_dir(package: str) -> str | None:
+    """The one `<package>-*.dist-info` folder next to the importable package (None: not found, or several).
+    Each site folder is listed once per process (site-packages can hold thousands of entries)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    names = _listings.get(site)
+    if names is None:
+        try:
+            names = _listings[site] = [n for n in os.listdir(site) if n.endswith(".dist-info")]
+        except OSError:
+            return None
+    prefix = f"{package}-"
+    found = [n for n in names if n.startswith(prefix) and n[len(prefix):len(prefix) + 1].isdigit()]
+    return os.path.join(site, found[0]) if len(found) == 1 else None
 
 
 @dataclass(frozen=True)
