@@ -230,3 +230,31 @@ def test_manifest_is_canonical_json(tmp_path):
             f.seek(record["section"]["offset"])
             section = zstandard.ZstdDecompressor().decompress(f.read(record["section"]["length"]))
             assert section == canonical_json(json.loads(section))
+
+
+def test_a_format_1_bundle_upgrades_to_the_same_bytes_a_build_writes(tmp_path):
+    """tools/upgrade_bundle.py: format 1 (one manifest) -> format 2, byte-identical to write_bundle's output."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "upgrade_bundle", os.path.join(os.path.dirname(__file__), "..", "tools", "upgrade_bundle.py"))
+    upgrade = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(upgrade)
+    new = str(tmp_path / "new.nojit")
+    cubins = _write(new)
+    manifest = Bundle.open(new).manifest.to_json()
+    body, refs = b"", {}
+    for sha in sorted(cubins):  # format 1, laid out by hand: header, blobs, one manifest
+        frame = zstandard.ZstdCompressor(write_content_size=True).compress(cubins[sha])
+        refs[sha] = {"offset": HEADER.size + len(body), "length": len(frame), "size": len(cubins[sha])}
+        body += frame
+    raw = json.dumps(dict(manifest, format=1, blobs=refs)).encode()
+    comp = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+    old = tmp_path / "old.nojit"
+    old.write_bytes(Header(1, 0, HEADER.size + len(body), len(comp), len(raw), hashlib.sha256(comp).digest()).pack()
+                    + body + comp)
+    with pytest.raises(BundleMismatchError, match="bundle format 1"):
+        Bundle.open(str(old))
+    out = str(tmp_path / "upgraded.nojit")
+    assert upgrade.upgrade(str(old), out) == len(cubins)
+    assert open(out, "rb").read() == open(new, "rb").read()
