@@ -11,7 +11,6 @@ import copy
 import hashlib
 import json
 import os
-import struct
 import sys
 
 import pytest
