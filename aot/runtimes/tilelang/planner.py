@@ -131,7 +131,7 @@ def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
         "runtime": NAME,
         "kernel": request.kernel,
         "source_hash": kernel.source_hash,
-        "module_sha256": file_sha256(kernel_module().__file__),
+        "module_sha256": file_sha256(_module_file(request.kernel)),
         "key": request.key,
         "call": call,
         "tilelang": tilelang.__version__,
@@ -140,6 +140,18 @@ def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
         "target": compiler.TILELANG_TARGET,
         "compiler": file_sha256(compiler.__file__),
     }
+
+
+def _module_file(kernel_id: str) -> str:
+    """The source file of the kernel's module, found without importing it (a --from-plan build's parent has
+    no deployment platform installed, which vLLM's mHC module needs at import)."""
+    import importlib.util
+
+    package, *rest = kernel_id.partition(":")[0].split(".")
+    spec = importlib.util.find_spec(package)  # a top-level package: located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError(f"{kernel_id}: package {package} is not installed", fix="install the vLLM the plan names")
+    return os.path.join(list(spec.submodule_search_locations)[0], *rest[:-1], rest[-1] + ".py")
 
 
 RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
