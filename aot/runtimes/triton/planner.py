@@ -112,9 +112,15 @@ def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
         "ptxas": ptxas_version(),
         "target": TARGET.to_json(),
         "compiler": _compiler_code(),
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("TRITON_") and not k.endswith(
-            ("_DIR", "_PATH", "_HOME"))},
+        "env": _compile_env(),
     }
+
+
+def _compile_env() -> dict[str, str]:
+    """The environment variables Triton itself says change a compile (its own cache key takes them)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return {str(k): str(v) for k, v in sorted(get_cache_invalidating_env_vars().items())}
 
 
 @functools.cache
