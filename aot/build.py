@@ -19,6 +19,7 @@ from importlib.metadata import version as package_version
 from typing import Any
 
 from nojit.aot.bundle_writer import write_bundle
+from nojit.aot.compile_cache import CompileCache
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Selection, WorkerSettings
@@ -57,6 +58,7 @@ class BuildOptions:
     plan_only: bool = False  # stop after writing the plan (plan_out); nothing is compiled
     executor: Executor | None = None  # default: LocalProcessExecutor(jobs)
     ray: str | None = None  # compile on the Ray cluster at this address (aot/ray_pool.py)
+    compile_cache: bool = True  # reuse compile results under cache_dir/compiled (aot/compile_cache.py)
 
 
 @dataclass
@@ -154,19 +156,36 @@ def compile_plan(plan: Plan, opts: BuildOptions) -> list[tuple[PlanRequest, Comp
     # Runtimes in registry order: the slow TileLang compiles first, so they do not end up alone at the tail.
     rank = {name: i for i, name in enumerate(RUNTIMES)}
     order = sorted(range(len(plan.requests)), key=lambda i: rank[plan.kernels[plan.requests[i].kernel].runtime])
-    executor = opts.executor or (RayExecutor(opts.ray, opts.jobs) if opts.ray else LocalProcessExecutor(opts.jobs))
     results: dict[int, CompileResult] = {}
+    cache = CompileCache(os.path.join(opts.cache_dir, "compiled")) if opts.compile_cache else None
+    inputs: dict[int, dict[str, Any]] = {}
+    if cache is not None:  # hits are taken here, in the parent: no worker starts for a build that compiles nothing
+        for i in order:
+            r, k = plan.requests[i], plan.kernels[plan.requests[i].kernel]
+            found = cache.lookup(runtime(k.runtime), r, k)
+            if isinstance(found, CompileResult):
+                results[i] = found
+            elif found is not None:
+                inputs[i] = found
+    todo = [i for i in order if i not in results]
+    if cache is not None and opts.progress:
+        print(f"compile cache {cache.root}: {len(results)} of {len(order)} requests found, {len(todo)} to compile",
+              flush=True)
     errors = []
-    progress = Progress(len(order), "compiling", enabled=opts.progress)
-    tasks = [(i, plan.requests[i], plan.kernels[plan.requests[i].kernel]) for i in order]
-    for i, res in executor.run(_compile_task, tasks, _worker_init, (facts, settings, in_plan)):
-        r = plan.requests[i]
-        if isinstance(res, str):
-            errors.append(f"{r.kernel} key {json.dumps(r.key)[:200]}: {res}")
-        else:
-            results[i] = res
-        progress.step(r.kernel.rpartition(":")[2])
-    progress.done()
+    if todo:
+        executor = opts.executor or (RayExecutor(opts.ray, opts.jobs) if opts.ray else LocalProcessExecutor(opts.jobs))
+        progress = Progress(len(todo), "compiling", enabled=opts.progress)
+        tasks = [(i, plan.requests[i], plan.kernels[plan.requests[i].kernel]) for i in todo]
+        for i, res in executor.run(_compile_task, tasks, _worker_init, (facts, settings, in_plan)):
+            r = plan.requests[i]
+            if isinstance(res, str):
+                errors.append(f"{r.kernel} key {json.dumps(r.key)[:200]}: {res}")
+            else:
+                results[i] = res
+                if cache is not None and i in inputs:
+                    cache.store(runtime(plan.kernels[r.kernel].runtime), inputs[i], res)
+            progress.step(r.kernel.rpartition(":")[2])
+        progress.done()
     if errors:
         raise BuildError(f"{len(errors)} of {len(order)} compiles failed:\n  " + "\n  ".join(errors[:20]),
                          fix="see the messages above; nothing was written")

@@ -1,8 +1,9 @@
 """Write a bundle file: deterministic bytes, written to a temporary file and renamed.
 
-Same inputs, same bytes: entries and blobs are sorted, the manifest is canonical JSON
-with no timestamps, and every zstandard frame is made with the same fixed parameters. A
-crash or an error while writing leaves no bundle at the destination, only the old one.
+Same inputs, same bytes: entries and blobs are sorted, the index and each kernel's section
+are canonical JSON with no timestamps, and every zstandard frame is made with the same fixed
+parameters. A crash or an error while writing leaves no bundle at the destination, only the
+old one. Layout: loader/bundle_file.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,18 @@ import zstandard
 
 from nojit.loader.bundle_file import HEADER, Header, canonical_json
 from nojit.aot.errors import BuildError
-from nojit.loader.manifest import FORMAT_VERSION, BlobRef, Entry, KernelRecord, Manifest, Producer, Target
+from nojit.loader.manifest import (
+    FORMAT_VERSION,
+    BlobRef,
+    Entry,
+    Index,
+    KernelRecord,
+    Manifest,
+    Producer,
+    SectionRef,
+    Target,
+    entry_section_json,
+)
 
 ZSTD_LEVEL = 19
 
@@ -65,28 +77,28 @@ def write_bundle(
             frame = _compressor().compress(cubins[sha])
             blobs[sha] = BlobRef(sha, f.tell(), len(frame), len(cubins[sha]))
             f.write(frame)
-        manifest = Manifest(
-            format=FORMAT_VERSION,
-            producer=producer,
-            target=target,
-            deployment=deployment,
-            kernels=kernel_map,
-            entries=tuple(entry_list),
-            blobs=blobs,
-        )
-        raw = canonical_json(manifest.to_json())
+        sections: dict[str, SectionRef] = {}
+        for kid in kernel_map:
+            own = [entry_section_json(e) for e in entry_list if e.kernel == kid]
+            raw = canonical_json(own)
+            frame = _compressor().compress(raw)
+            sections[kid] = SectionRef(f.tell(), len(frame), len(raw), hashlib.sha256(frame).hexdigest(), len(own))
+            f.write(frame)
+        index = Index(FORMAT_VERSION, producer, target, deployment, kernel_map, blobs, sections)
+        raw = canonical_json(index.to_json())
         compressed = _compressor().compress(raw)
         header = Header(
             format=FORMAT_VERSION,
             flags=0,
-            manifest_offset=f.tell(),
-            manifest_length=len(compressed),
-            manifest_size=len(raw),
-            manifest_sha256=hashlib.sha256(compressed).digest(),
+            index_offset=f.tell(),
+            index_length=len(compressed),
+            index_size=len(raw),
+            index_sha256=hashlib.sha256(compressed).digest(),
         )
         f.write(compressed)
         f.seek(0)
         f.write(header.pack())
+        manifest = Manifest(FORMAT_VERSION, producer, target, deployment, kernel_map, tuple(entry_list), blobs)
     return manifest
 
 

@@ -93,7 +93,7 @@ def _inspect(args: argparse.Namespace) -> int:
     bundle = Bundle.open(args.bundle)
     if args.verify:
         n = bundle.verify()
-        print(f"verified {n} cubins: every sha256 matches")
+        print(f"verified {len(bundle.index.sections)} kernel sections (schema) and {n} cubins: every sha256 matches")
     if args.json:
         import json
 

@@ -71,3 +71,7 @@ class Runtime:
     recorded_inputs: Callable[[str, Any], dict[str, Any]] | None = None  # compile inputs of a key recorded at serve time
     add_generic: Callable[[Plan], int] | None = None  # add the generic entries of the plan's exact keys
     use_source_map: Callable[[Plan, str], None] | None = None  # take source digests from a --kernel-sources map
+    # Compile cache (aot/compile_cache.py): everything one request's output depends on, as JSON (None: not
+    # cacheable), computed in the build's parent; and how to read back the runtime's launch type.
+    cache_inputs: Callable[[PlanRequest, PlanKernel], dict[str, Any] | None] | None = None
+    launch_from_json: Callable[[dict[str, Any]], Any] | None = None

@@ -33,15 +33,16 @@ def summary_line(inst: object) -> str:
     from nojit.loader.install import Installation
 
     assert isinstance(inst, Installation)
-    m = inst.bundle.manifest
+    m = inst.bundle.index
     p = m.producer
     versions = ", ".join(f"{name} {v}" for name, v in (("vLLM", p.vllm), ("Triton", p.triton), ("TileLang", p.tilelang))
                          if v)
     runtimes = [k.runtime for k in m.kernels.values()]
     cute = f" + {runtimes.count('cutedsl')} CuTeDSL" if "cutedsl" in runtimes else ""
     deepgemm = f" + {runtimes.count('deepgemm')} DeepGEMM" if "deepgemm" in runtimes else ""
-    kernels = (f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang{cute}{deepgemm} kernels, "
-               f"{len(m.entries)} entries")
+    flashinfer = f" + {runtimes.count('flashinfer')} FlashInfer" if "flashinfer" in runtimes else ""
+    kernels = (f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang{cute}{deepgemm}{flashinfer} "
+               f"kernels, {m.entry_count} entries")
     return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
             f"mode {inst.mode.value}; firewall {firewall_state(inst)}")
 

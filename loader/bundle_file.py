@@ -1,22 +1,31 @@
 """The bundle file: layout, and the reader the serving process uses.
 
-Layout (little-endian), one file:
+Layout (little-endian), one file, format 2:
 
-    header   72 bytes: magic "NOJITBN1", format u32, flags u32, manifest offset u64,
-             manifest length u64 (compressed), manifest size u64 (raw),
-             sha256 of the compressed manifest (32 bytes)
+    header   72 bytes: magic "NOJITBN1", format u32, flags u32, index offset u64,
+             index length u64 (compressed), index size u64 (raw),
+             sha256 of the compressed index (32 bytes)
     blobs    one zstandard frame per distinct cubin, content-addressed by the sha256 of
              the raw cubin
-    manifest zstandard-compressed canonical JSON (see manifest.py)
+    sections one zstandard frame per kernel: canonical JSON list of its entries; the index
+             records each one's place, size, entry count and sha256
+    index    zstandard-compressed canonical JSON: producer, target, deployment, kernel
+             records with their section, blob table (manifest.Index)
 
-Opening reads the header and the manifest only, and keeps the file open for the life of the
-process: cubins are read from that descriptor (pread), never again by path, so a redeploy
-that renames a new bundle over the path does not disturb a running server (the new bundle is
-picked up at the next start). Every size is checked against the file and against fixed caps
-before anything is allocated, decompression is streamed with a hard output limit, and every
-inconsistency (short file, bad magic, digest mismatch, oversized field, trailing bytes) is a
-BundleCorruptError naming the file. NOJIT_BUNDLE_SHA256, when set, is checked over the whole
-file before any of it is parsed.
+Opening reads the header and the index only (a few tens of KB for the default bundle): the
+index digest, every field of the index and the layout (blobs and sections tile the file
+exactly, the index ends it) are checked then. A kernel's section is read, digest-checked,
+decoded and validated at its first use (`entries`), with the same schema checks format 1 ran
+over the whole manifest at open; a cubin is decompressed and hashed at its first load.
+`verify()` (`nojit inspect --verify`) does all of it for every section and cubin. The file is
+kept open for the life of the process: sections and cubins are read from that descriptor
+(pread), never again by path, so a redeploy that renames a new bundle over the path does not
+disturb a running server (the new bundle is picked up at the next start). Every size is
+checked against the file and against fixed caps before anything is allocated, decompression
+is streamed with a hard output limit, and every inconsistency (short file, bad magic, digest
+mismatch, oversized field, trailing bytes) is a BundleCorruptError naming the file.
+NOJIT_BUNDLE_SHA256 (or an installed bundle wheel's recorded digest), when given, is checked
+over the whole file, through the descriptor that is then parsed, before any of it is parsed.
 """
 
 from __future__ import annotations
@@ -26,19 +35,20 @@ import json
 import os
 import stat
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
-from nojit.loader.manifest import FORMAT_VERSION, Entry, Manifest
+from nojit.loader.manifest import FORMAT_VERSION, Entry, Index, Manifest, format_error, parse_section
 
 MAGIC = b"NOJITBN1"
 HEADER = struct.Struct("<8sIIQQQ32s")
-# Caps, far above any real bundle (the default bundle's manifest is about 1 MB): a hostile
-# file must not make the reader allocate or parse more than this.
-MAX_MANIFEST_BYTES = 16 << 20
+# Caps, far above any real bundle (the default bundle's index is about 90 KB, its largest
+# section about 200 KB): a hostile file must not make the reader allocate or parse more.
+MAX_MANIFEST_BYTES = 16 << 20  # the index
 _FEED = 1024  # compressed bytes per decompression step: one step inflates to at most ~44 MiB
 _WRITE_SIZE = 1 << 20
 _HASH_CHUNK = 1 << 20
@@ -49,21 +59,31 @@ _FIX = "the bundle file is damaged, truncated or not a nojit bundle: rebuild it 
 class Header:
     format: int
     flags: int
-    manifest_offset: int
-    manifest_length: int
-    manifest_size: int
-    manifest_sha256: bytes
+    index_offset: int
+    index_length: int
+    index_size: int
+    index_sha256: bytes
 
     def pack(self) -> bytes:
         return HEADER.pack(
             MAGIC,
             self.format,
             self.flags,
-            self.manifest_offset,
-            self.manifest_length,
-            self.manifest_size,
-            self.manifest_sha256,
+            self.index_offset,
+            self.index_length,
+            self.index_size,
+            self.index_sha256,
         )
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A whole-file sha256 the bundle must have, who set it, and what to do when the file differs."""
+
+    sha256: str
+    by: str = "NOJIT_BUNDLE_SHA256"
+    fix: str = "deploy the bundle that was pinned, or update NOJIT_BUNDLE_SHA256 to the new bundle's digest"
+    recorded: bool = False  # recorded with the file (a bundle wheel): a mismatch is damage (BundleCorruptError)
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -72,21 +92,24 @@ def canonical_json(obj: Any) -> bytes:
 
 
 class Bundle:
-    """A bundle opened for reading: header and manifest validated, the file kept open for cubins."""
+    """A bundle opened for reading: header and index validated, sections and cubins read at first use."""
 
-    def __init__(self, path: str, manifest: Manifest, header: Header, fd: int | None = None) -> None:
+    def __init__(self, path: str, index: Index, header: Header, fd: int | None = None) -> None:
         self.path = path
-        self.manifest = manifest
+        self.index = index
         self.header = header
         self._fd = fd
-        self._by_kernel: dict[str, list[Entry]] = {}
-        for e in manifest.entries:
-            self._by_kernel.setdefault(e.kernel, []).append(e)
+        self._sections: dict[str, tuple[Entry, ...]] = {}
+        self._manifest: Manifest | None = None
+        self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], expected_sha256: str | None = None) -> Bundle:
-        """Open and fully validate a bundle. expected_sha256 (NOJIT_BUNDLE_SHA256) pins the file's digest."""
+    def open(cls, path: str | os.PathLike[str], expected_sha256: str | None = None, pin: Pin | None = None) -> Bundle:
+        """Open a bundle, checking header, index and layout. expected_sha256 (NOJIT_BUNDLE_SHA256) or pin (a
+        bundle wheel's recorded digest) pins the whole file's digest, checked on the descriptor before parsing."""
         path = os.fspath(path)
+        if pin is None and expected_sha256 is not None:
+            pin = Pin(expected_sha256)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
@@ -101,35 +124,30 @@ class Bundle:
         except OSError as exc:
             raise BundleError(f"bundle {path} cannot be opened: {exc.strerror}", fix="point NOJIT_BUNDLE at the bundle file") from None
         try:
-            bundle = cls._parse(path, fd, expected_sha256)
+            bundle = cls._parse(path, fd, pin)
         except BaseException:
             os.close(fd)
             raise
         return bundle
 
     @classmethod
-    def _parse(cls, path: str, fd: int, expected_sha256: str | None) -> Bundle:
+    def _parse(cls, path: str, fd: int, pin: Pin | None) -> Bundle:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise BundleError(f"bundle path {path} is a directory", fix="point NOJIT_BUNDLE at the bundle file")
         size = st.st_size
-        if expected_sha256 is not None:
-            _check_pin(fd, size, path, expected_sha256)
+        if pin is not None:
+            _check_pin(fd, size, path, pin)
         header = _read_header(_pread(fd, HEADER.size, 0, path), path, size)
-        compressed = _pread(fd, header.manifest_length, header.manifest_offset, path)
-        if len(compressed) != header.manifest_length:
-            raise BundleCorruptError(f"{path}: truncated manifest", fix=_FIX)
-        if hashlib.sha256(compressed).digest() != header.manifest_sha256:
-            raise BundleCorruptError(f"{path}: manifest digest mismatch (the file was modified or damaged)", fix=_FIX)
-        raw = _decompress(compressed, header.manifest_size, f"{path}: manifest")
-        try:
-            obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            detail = f": {exc}" if isinstance(exc, _DuplicateKey) else f" ({type(exc).__name__})"
-            raise BundleCorruptError(f"{path}: manifest is not valid JSON{detail}", fix=_FIX) from None
-        manifest = Manifest.from_json(obj, path, size)
-        _check_layout(manifest, header, size, path)
-        return cls(path, manifest, header, fd)
+        compressed = _pread(fd, header.index_length, header.index_offset, path)
+        if len(compressed) != header.index_length:
+            raise BundleCorruptError(f"{path}: truncated index", fix=_FIX)
+        if hashlib.sha256(compressed).digest() != header.index_sha256:
+            raise BundleCorruptError(f"{path}: index digest mismatch (the file was modified or damaged)", fix=_FIX)
+        raw = _decompress(compressed, header.index_size, f"{path}: index")
+        index = Index.from_json(_json(raw, f"{path}: index"), path, size)
+        _check_layout(index, header, size, path)
+        return cls(path, index, header, fd)
 
     def close(self) -> None:
         """Release the file (tools and tests; a serving process keeps it for its whole life)."""
@@ -137,15 +155,46 @@ class Bundle:
         if fd is not None:
             os.close(fd)
 
-    def entries(self, kernel: str) -> list[Entry]:
-        return self._by_kernel.get(kernel, [])
+    def entries(self, kernel: str) -> tuple[Entry, ...]:
+        """The kernel's entries; its section is read and validated at the first call (thread-safe)."""
+        found = self._sections.get(kernel)
+        if found is None:
+            if kernel not in self.index.sections:
+                return ()
+            with self._lock:
+                found = self._sections.get(kernel)
+                if found is None:
+                    found = self._sections[kernel] = self._read_section(kernel)
+        return found
+
+    def _read_section(self, kernel: str) -> tuple[Entry, ...]:
+        ref = self.index.sections[kernel]
+        what = f"{self.path}: section of kernel {kernel}"
+        if self._fd is None:
+            raise BundleError(f"{self.path}: the bundle was closed", fix="open it again (this is a nojit bug in serving)")
+        compressed = _pread(self._fd, ref.length, ref.offset, self.path)
+        if len(compressed) != ref.length:
+            raise BundleCorruptError(f"{what} is truncated", fix=_FIX)
+        if hashlib.sha256(compressed).hexdigest() != ref.sha256:
+            raise BundleCorruptError(f"{what}: section digest mismatch (the file was modified or damaged)", fix=_FIX)
+        raw = _decompress(compressed, ref.size, what)
+        return parse_section(self.index.kernels[kernel], ref, _json(raw, what), self.index.blobs, self.path)
+
+    @property
+    def manifest(self) -> Manifest:
+        """The whole manifest, every section read and validated (tools, tests, the builder's merge)."""
+        if self._manifest is None:
+            ix = self.index
+            entries = tuple(e for kid in sorted(ix.kernels) for e in self.entries(kid))
+            self._manifest = Manifest(ix.format, ix.producer, ix.target, ix.deployment, ix.kernels, entries, ix.blobs)
+        return self._manifest
 
     def kernel_ids(self) -> list[str]:
-        return sorted(self.manifest.kernels)
+        return sorted(self.index.kernels)
 
     def read_blob(self, sha256: str) -> bytes:
         """The raw cubin with this digest, decompressed and verified, read from the descriptor opened at open."""
-        ref = self.manifest.blobs.get(sha256)
+        ref = self.index.blobs.get(sha256)
         if ref is None:
             raise BundleCorruptError(f"{self.path}: no blob {sha256[:12]}", fix=_FIX)
         if self._fd is None:
@@ -159,10 +208,21 @@ class Bundle:
         return raw
 
     def verify(self) -> int:
-        """Read and check every cubin; returns how many. For `nojit inspect --verify`."""
-        for sha in self.manifest.blobs:
+        """Read and check every section and every cubin; returns how many cubins. For `nojit inspect --verify`."""
+        for kid in self.kernel_ids():
+            self.entries(kid)
+        for sha in self.index.blobs:
             self.read_blob(sha)
-        return len(self.manifest.blobs)
+        return len(self.index.blobs)
+
+
+def _json(raw: bytes, what: str) -> Any:
+    """Strict JSON: UTF-8, one value, no key twice in an object."""
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        detail = f": {exc}" if isinstance(exc, _DuplicateKey) else f" ({type(exc).__name__})"
+        raise BundleCorruptError(f"{what} is not valid JSON{detail}", fix=_FIX) from None
 
 
 class _DuplicateKey(ValueError):
@@ -186,11 +246,12 @@ def _pread(fd: int, length: int, offset: int, path: str) -> bytes:
         raise BundleError(f"{path}: cannot read {length} bytes at {offset}: {exc.strerror}", fix=_FIX) from None
 
 
-def _check_pin(fd: int, size: int, path: str, expected: str) -> None:
-    """The whole file's sha256 against the pinned digest, streamed, before anything is parsed."""
-    want = expected.strip().lower()
+def _check_pin(fd: int, size: int, path: str, pin: Pin) -> None:
+    """The whole file's sha256 against the pinned digest, streamed from the descriptor that is then parsed
+    (no second open by path), before anything is parsed."""
+    want = pin.sha256.strip().lower()
     if len(want) != 64 or not set(want) <= set("0123456789abcdef"):
-        raise BundleError(f"NOJIT_BUNDLE_SHA256={expected!r} is not a sha256 hex digest",
+        raise BundleError(f"{pin.by}={pin.sha256!r} is not a sha256 hex digest",
                           fix="set it to the 64 hex digits `sha256sum` prints for the deployed bundle")
     h = hashlib.sha256()
     offset = 0
@@ -201,25 +262,29 @@ def _check_pin(fd: int, size: int, path: str, expected: str) -> None:
         h.update(chunk)
         offset += len(chunk)
     if h.hexdigest() != want:
-        raise BundleMismatchError(
-            f"bundle {path} has sha256 {h.hexdigest()}, NOJIT_BUNDLE_SHA256 pins {want}",
-            fix="deploy the bundle that was pinned, or update NOJIT_BUNDLE_SHA256 to the new bundle's digest",
-        )
+        if pin.recorded:
+            raise BundleCorruptError(f"{pin.by}: {path} has sha256 {h.hexdigest()[:16]}..., {pin.by} recorded "
+                                     f"{want[:16]}... (the file was modified or damaged)", fix=pin.fix)
+        raise BundleMismatchError(f"bundle {path} has sha256 {h.hexdigest()}, {pin.by} pins {want}", fix=pin.fix)
 
 
-def _check_layout(manifest: Manifest, header: Header, size: int, path: str) -> None:
-    """Blobs tile [header, manifest) exactly and the manifest ends the file: no gaps, overlaps or trailing bytes."""
-    if header.manifest_offset + header.manifest_length != size:
+def _check_layout(index: Index, header: Header, size: int, path: str) -> None:
+    """Blobs, then sections, tile [header, index) exactly and the index ends the file: no gaps, overlaps or
+    trailing bytes."""
+    if header.index_offset + header.index_length != size:
         raise BundleCorruptError(
-            f"{path}: {size - header.manifest_offset - header.manifest_length} bytes follow the manifest", fix=_FIX)
+            f"{path}: {size - header.index_offset - header.index_length} bytes follow the index", fix=_FIX)
     at = HEADER.size
-    for ref in sorted(manifest.blobs.values(), key=lambda r: r.offset):
-        if ref.offset != at:
-            raise BundleCorruptError(f"{path}: cubin {ref.sha256[:12]} at {ref.offset}, expected at {at} "
-                                     "(blobs overlap or leave a gap)", fix=_FIX)
-        at += ref.length
-    if at != header.manifest_offset:
-        raise BundleCorruptError(f"{path}: blobs end at {at}, the manifest starts at {header.manifest_offset}", fix=_FIX)
+    parts = [(r.offset, r.length, f"cubin {r.sha256[:12]}") for r in index.blobs.values()]
+    parts += [(r.offset, r.length, f"section of kernel {kid}") for kid, r in index.sections.items()]
+    for offset, length, what in sorted(parts):
+        if offset != at:
+            raise BundleCorruptError(f"{path}: {what} at {offset}, expected at {at} "
+                                     "(blobs or sections overlap or leave a gap)", fix=_FIX)
+        at += length
+    if at != header.index_offset:
+        raise BundleCorruptError(f"{path}: blobs and sections end at {at}, the index starts at {header.index_offset}",
+                                 fix=_FIX)
 
 
 def _read_header(raw: bytes, path: str, size: int) -> Header:
@@ -229,18 +294,15 @@ def _read_header(raw: bytes, path: str, size: int) -> Header:
     if magic != MAGIC:
         raise BundleCorruptError(f"{path}: not a nojit bundle (magic {magic!r})", fix=_FIX)
     if fmt != FORMAT_VERSION:
-        raise BundleMismatchError(
-            f"{path}: bundle format {fmt}, this nojit reads format {FORMAT_VERSION}",
-            fix="rebuild the bundle with this nojit version, or install the nojit that built it",
-        )
+        raise format_error(path, fmt)
     if flags != 0:
         raise BundleCorruptError(f"{path}: header flags {flags:#x} are not defined in format {fmt}", fix=_FIX)
     if moff < HEADER.size or mlen == 0 or moff + mlen > size:
-        raise BundleCorruptError(f"{path}: manifest at {moff}+{mlen} lies outside the {size}-byte file", fix=_FIX)
+        raise BundleCorruptError(f"{path}: index at {moff}+{mlen} lies outside the {size}-byte file", fix=_FIX)
     if not 0 < msize <= MAX_MANIFEST_BYTES:
-        raise BundleCorruptError(f"{path}: manifest size {msize} is out of range (at most {MAX_MANIFEST_BYTES})", fix=_FIX)
+        raise BundleCorruptError(f"{path}: index size {msize} is out of range (at most {MAX_MANIFEST_BYTES})", fix=_FIX)
     if mlen > _max_frame_length(msize):
-        raise BundleCorruptError(f"{path}: manifest frame of {mlen} bytes for {msize} bytes of JSON", fix=_FIX)
+        raise BundleCorruptError(f"{path}: index frame of {mlen} bytes for {msize} bytes of JSON", fix=_FIX)
     return Header(fmt, flags, moff, mlen, msize, msha)
 
 

@@ -143,7 +143,7 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow:
     """A server on each bundled owner's `compile` (instance attribute: this owner only)."""
     servers: dict[str, CuteKernelServer] = {}
     for kid in kernel_ids:
-        record = bundle.manifest.kernels[kid]
+        record = bundle.index.kernels[kid]
         owner = resolve(kid)
         if not isinstance(getattr(owner, "_compiled_cache", None), dict) or not callable(getattr(owner, "compile", None)):
             raise BundleMismatchError(f"kernel {kid} is not a vLLM CuTeDSL owner in this process",

@@ -123,13 +123,18 @@ def stand_in_names() -> tuple[str, ...]:
             names.add(f"{prefix}-{tool}")
         for v in GCC_VERSIONS:
             names.update((f"{prefix}-gcc-{v}", f"{prefix}-g++-{v}"))
+    seen: set[str] = set()
     for directory in os.environ.get("PATH", "").split(os.pathsep):
+        real = os.path.realpath(directory or ".")  # /bin and /usr/bin are often one folder: list it once
+        if real in seen:
+            continue
+        seen.add(real)
         try:
-            entries = os.listdir(directory or ".")
+            entries = os.listdir(real)
         except OSError:
             continue
-        names.update(e for e in entries if family_of(e) is not None)
-    return tuple(sorted(n for n in names if family_of(n) is not None))
+        names.update(filter(_COMPILER_NAME.match, entries))  # family_of(e) is not None, looped in C
+    return tuple(sorted(filter(_COMPILER_NAME.match, names)))
 
 
 def runtime_dir() -> str:
@@ -377,7 +382,7 @@ def _inherited() -> str | None:
 def activate(source: Any = None) -> FirewallReport:
     """Put the firewall up for this process and its children (idempotent).
 
-    source: the bundle's Manifest (its producer.toolchain is used), a toolchain dict
+    source: the bundle's Index or Manifest (its producer.toolchain is used), a toolchain dict
     (toolchain.Toolchain), or None (probe the installed tools now, before the stand-ins go up).
     """
     global _active

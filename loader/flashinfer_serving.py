@@ -103,8 +103,7 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
     """Seed the provider directory, register it with FlashInfer and watch FlashInfer's build path. None where
     FlashInfer is not installed: nothing in the process can reach its modules."""
     global _current
-    manifest = bundle.manifest
-    records = [manifest.kernels[k] for k in kernel_ids]
+    records = [bundle.index.kernels[k] for k in kernel_ids]
     versions = {r.info.get("flashinfer_version") for r in records}
     arches = {r.info.get("cuda_arch") for r in records}
     if len(versions) != 1 or len(arches) != 1 or None in versions | arches:
@@ -125,7 +124,7 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
             fix=f"install flashinfer-python=={version} (what vLLM requires), or rebuild the bundle against the "
                 "installed FlashInfer with `nojit build`")
     wanted = set(kernel_ids)
-    entries = {e.launch.module: e for e in manifest.entries if e.kernel in wanted}
+    entries = {e.launch.module: e for k in sorted(wanted) for e in bundle.entries(k)}
     root = seed(bundle, entries)
     modules = {n: e.kernel for n, e in entries.items() if e.launch.kind == "module"}
     cubins = {n: e.kernel for n, e in entries.items() if e.launch.kind == "trtllm_deepgemm"}

@@ -220,19 +220,31 @@ def _guard_triton() -> None:
     def no_do_compile(self: Any, key: Any, *args: Any, **kwargs: Any) -> Any:
         raise _forbid(f"Triton was about to compile {self.__module__}:{self.__qualname__} for key {key}")
 
-    def no_compile(src: Any, *args: Any, **kwargs: Any) -> Any:
-        name = getattr(getattr(src, "fn", None), "__qualname__", src)
-        raise _forbid(f"triton.compile was called for {name}")
-
     _patch(JITFunction, "_do_compile", no_do_compile)
+    # triton.compile itself refuses: its code object is swapped, so every alias of it (triton.compile,
+    # triton.compiler.compile, a `from triton import compile` anywhere, now or later) refuses, at no cost
+    # per loaded module (scanning every module's namespace for aliases cost tens of ms once vLLM is loaded).
     original = compiler_mod.compile
-    for module in list(sys.modules.values()):  # every re-export: triton.compile, triton.compiler.compile, ...
+    if getattr(getattr(original, "__code__", None), "co_freevars", None) == ():
+        _patch(original, "__defaults__", None)
+        _patch(original, "__kwdefaults__", None)
+        _patch(original, "__code__", _refused_triton_compile.__code__)
+        return _guard_triton_build(triton)
+
+    def no_compile(*args: Any, **kwargs: Any) -> Any:
+        raise refuse_triton_compile(args)
+
+    for module in list(sys.modules.values()):  # a closure cannot take other code: replace every alias instead
         namespace = getattr(module, "__dict__", None)
         if not isinstance(namespace, dict):
             continue
         for name, value in list(namespace.items()):
             if value is original:
                 _patch(module, name, no_compile)
+    _guard_triton_build(triton)
+
+
+def _guard_triton_build(triton: Any) -> None:
     knobs = getattr(triton, "knobs", None)
     build = getattr(knobs, "build", None)
     if build is not None and hasattr(build, "impl"):
@@ -241,6 +253,18 @@ def _guard_triton() -> None:
             raise _forbid(f"Triton was about to build its C module {name} with a host compiler")
 
         _patch(build, "impl", no_build)
+
+
+def _refused_triton_compile(*args: Any, **kwargs: Any) -> Any:
+    """The code triton.compile runs in strict mode. It runs with Triton's module globals, so it names only
+    builtins and reaches refuse_triton_compile through the import system."""
+    raise __import__("nojit.loader.guards", fromlist=["refuse_triton_compile"]).refuse_triton_compile(args)
+
+
+def refuse_triton_compile(args: tuple) -> CompileForbiddenError:
+    src = args[0] if args else None
+    name = getattr(getattr(src, "fn", None), "__qualname__", src)
+    return _forbid(f"triton.compile was called for {name}")
 
 
 def _guard_cute() -> None:

@@ -1,9 +1,15 @@
 """Install a bundle into this process: the one public entry point of the loader.
 
-`install()` opens the bundle, refuses it if it does not match this process (versions,
-kernel source), puts a bundle server on every bundled Triton kernel and TileLang kernel,
+`install()` opens the bundle (header and index), refuses it if it does not match this
+process (versions), puts a bundle server on every bundled Triton kernel and TileLang kernel,
 and, in strict mode, closes every path to a compiler. It is safe to call more than once
 (the second call returns the first installation).
+
+It pays only for what every process needs (the API server runs no kernel): each kernel's
+source hash, its section of the bundle and its launch tables are checked and built at the
+kernel's first use (`prepare`). In a vLLM worker that is the warmup registry's preflight,
+which tries every declared key, and the preload that follows, which prepares every kernel,
+so all of it is checked at startup, before serving; `Installation.prepare()` does it on demand.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import pathlib
 import sys
 import threading
 from collections.abc import Callable
@@ -20,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle
-from nojit.loader.errors import BundleError, BundleMismatchError, NoJitError
+from nojit.loader.errors import BundleError, BundleMismatchError
 from nojit.loader import firewall
 from nojit.loader.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.settings import Mode, settings
-from nojit.loader.versions import RuntimeVersions, check_source, check_versions
+from nojit.loader.versions import RuntimeVersions, check_versions
 
 log = logging.getLogger("nojit")
 
@@ -69,35 +76,56 @@ def _check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...
     root = module_name.partition(".")[0]
     if root not in packages or not all(p.isidentifier() for p in module_name.split(".")):
         raise refuse
+    if module_name in _checked_modules:
+        return
     try:
         spec = importlib.util.find_spec(module_name)  # imports the parent packages: modules of `root`
     except (ImportError, ValueError):
         spec = None
-    if spec is None or not spec.origin or os.path.realpath(spec.origin) not in _distribution_files(root):
+    if spec is None or not spec.origin or not _is_installed_file(root, spec.origin):
         raise refuse
+    _checked_modules.add(module_name)
 
 
-_files_of: dict[str, frozenset[str]] = {}
+_checked_modules: set[str] = set()
+_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...]]] = {}  # package -> (site root, RECORD paths, dirs)
 
 
-def _distribution_files(package: str) -> frozenset[str]:
-    """Absolute paths of the files the installed distribution of `package` holds (its RECORD), or its directory's."""
-    files = _files_of.get(package)
-    if files is None:
-        found: set[str] = set()
+def _is_installed_file(package: str, origin: str) -> bool:
+    """Whether `origin` is a .py file the installed distribution of `package` holds (a line of its RECORD),
+    or, for an editable (development) install whose RECORD lists no modules, a .py file of its source tree.
+    One RECORD read per package; no per-file work over the whole distribution."""
+    found = _installed.get(package)
+    if found is None:
+        root, record = "", ""
         try:
-            dist = importlib.metadata.distribution(package)
-            found = {os.path.realpath(dist.locate_file(f)) for f in dist.files or () if str(f).endswith(".py")}
+            dist = _distribution(package)
+            root = os.path.realpath(str(dist.locate_file("")))
+            record = dist.read_text("RECORD") or ""
         except importlib.metadata.PackageNotFoundError:
             pass
         spec = importlib.util.find_spec(package)
-        if not found and spec is not None and spec.submodule_search_locations:
-            # an editable (development) install's RECORD lists no modules: its source tree is the package
-            for base in spec.submodule_search_locations:
-                for d, _, names in os.walk(base):
-                    found.update(os.path.realpath(os.path.join(d, n)) for n in names if n.endswith(".py"))
-        files = _files_of[package] = frozenset(found)
-    return files
+        dirs = tuple(os.path.realpath(d) for d in (spec.submodule_search_locations or ())) if spec else ()
+        listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
+        found = _installed[package] = (root, listed, dirs)
+    root, listed, dirs = found
+    path = os.path.realpath(origin)
+    if not path.endswith(".py"):
+        return False
+    if root and os.path.relpath(path, root) in listed:
+        return True
+    has_modules = any(p.endswith("/__init__.py") for p in listed)
+    return not has_modules and any(path.startswith(d + os.sep) for d in dirs)
+
+
+def _distribution(package: str) -> importlib.metadata.Distribution:
+    """The package's distribution, found next to it (one directory listing) before a search of sys.path."""
+    from nojit.loader.versions import dist_info_dir
+
+    found = dist_info_dir(package)
+    if found is not None:
+        return importlib.metadata.PathDistribution(pathlib.Path(found))
+    return importlib.metadata.distribution(package)
 
 
 def jit_function_of(obj: Any) -> Any:
@@ -128,8 +156,17 @@ class Installation:
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
+    def prepare(self) -> int:
+        """Check and prepare every installed kernel now (source hash, its section of the bundle, launch tables);
+        install() leaves this to each kernel's first use. Returns how many kernels."""
+        servers = (*self.triton.values(), *self.tilelang.values())
+        for s in servers:
+            s.prepare()
+        return len(servers)
+
     def preload(self, device: int | None = None) -> int:
-        """Load every bundled module on `device` (default: current). Call before CUDA-graph capture."""
+        """Load every bundled module on `device` (default: current), preparing every kernel first. Call before
+        CUDA-graph capture."""
         from nojit.loader.torch_cuda import current_device
 
         dev = current_device() if device is None else device
@@ -204,26 +241,32 @@ def install(
                                   f"other arguments: {', '.join(differs)}",
                                   fix="call install() once per process, or uninstall() the first installation first")
             return _current
-        path = bundle_path or settings.bundle or _installed_bundle_path()
-        if not path:
-            raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`, "
-                              "or install a bundle wheel made by `nojit package`")
+        path = bundle_path or settings.bundle
         mode = Mode(mode) if mode is not None else settings.mode
         allow = settings.allow_mismatch if allow_mismatch is None else _allowed_words(allow_mismatch)
-        bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
+        if path:
+            bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
+        else:
+            from nojit.loader.installed_bundles import open_installed_bundle
+
+            wheel_bundle = open_installed_bundle(settings.bundle_sha256)  # sha256-pinned by the wheel's record
+            if wheel_bundle is None:
+                raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`, "
+                                  "or install a bundle wheel made by `nojit package`")
+            bundle, path = wheel_bundle, wheel_bundle.path
         if mode is Mode.STRICT:
-            firewall.activate(bundle.manifest)  # before anything imports a library that looks for compilers
-        allowed = check_versions(bundle.manifest, path, RuntimeVersions.of_this_process(), allow)
+            firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
+        allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         recorder = None
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
         policy = ServingPolicy(mode, path, recorder)
         inst = Installation(bundle, policy, mode, allowed_differences=allowed,
                             arguments={**asked, "bundle_path": path, "mode": mode, "allow_mismatch": allow})
-        packages = ("vllm",) if bundle.manifest.producer.vllm else ()  # what the bundle was built from
+        packages = ("vllm",) if bundle.index.producer.vllm else ()  # what the bundle was built from
         resolve = resolver or (lambda kid: resolve_installed(kid, packages))
         wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
-        records = bundle.manifest.kernels
+        records = bundle.index.kernels
         tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
         if tilelang_ids:
             from nojit.loader import tilelang_serving
@@ -251,7 +294,7 @@ def install(
         from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability
 
-        launcher().device_check = lambda device: check_arch(bundle.manifest, path, device_capability(device), allow)
+        launcher().device_check = lambda device: check_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
             install_strict_guards()
         for line in allowed:
@@ -259,18 +302,10 @@ def install(
         if not settings.quiet:
             log.info(
                 "nojit: serving %d Triton and %d TileLang kernels (%d entries) from %s in %s mode",
-                len(inst.triton), len(inst.tilelang), len(bundle.manifest.entries), path, mode.value,
+                len(inst.triton), len(inst.tilelang), bundle.index.entry_count, path, mode.value,
             )
         _current = inst
         return inst
-
-
-def _installed_bundle_path() -> str | None:
-    """The bundle of the one installed bundle wheel, sha256-checked (installed_bundles.py)."""
-    from nojit.loader.installed_bundles import verified_installed_bundle
-
-    found = verified_installed_bundle()
-    return found.path if found else None
 
 
 def _allowed_words(words: Any) -> frozenset[str]:
@@ -297,7 +332,6 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
     instrumentation_mode = knobs.compilation.instrumentation_mode
     bundle = inst.bundle
     for kid in kernel_ids:
-        record = bundle.manifest.kernels[kid]
         fn = jit_function_of(resolve(kid))
         if fn is None:
             raise BundleMismatchError(
@@ -305,18 +339,10 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
                 fix="vLLM replaced Triton with a placeholder (no GPU driver?) or the kernel changed; "
                 "rebuild the bundle against the installed vLLM",
             )
-        if not check_source(kid, record.source_hash, fn.cache_key, bundle.path, allow):
-            inst.allowed_differences.append(f"source: {kid} changed since the bundle was built")
-            log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)", kid)
-        try:
-            server = TritonKernelServer(
-                fn, record, bundle.entries(kid), bundle, inst.policy, specializer, debug, instrumentation_mode,
-                fast_path=settings.fast_path,
-            )
-        except NoJitError:
-            raise
-        except Exception as exc:  # a malformed key in an otherwise valid manifest
-            raise BundleMismatchError(f"kernel {kid}: cannot serve its bundle entries ({exc})",
-                                      fix="rebuild the bundle with `nojit build`") from None
+        # Source check, section and tables: at the kernel's first use (TritonKernelServer.prepare); in a vLLM
+        # worker that is the warmup registry's preflight, then preload() for every kernel, before serving.
+        server = TritonKernelServer(fn, bundle.index.kernels[kid], bundle, inst.policy, specializer, debug,
+                                    instrumentation_mode, fast_path=settings.fast_path, allow=allow,
+                                    differences=inst.allowed_differences)
         fn.run = server.entry_point  # instance attribute: shadows JITFunction.run for this kernel only
         inst.triton[kid] = server

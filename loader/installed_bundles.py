@@ -5,7 +5,8 @@
 entry-point group, as FlashInfer finds flashinfer-cubin: installing the wheel is all the
 configuration a serving image needs. Nothing of the wheel is imported (its package is only
 located), and the file's sha256 is checked against the recorded one before the bundle is
-parsed. NOJIT_BUNDLE still wins over an installed wheel.
+parsed, by Bundle.open on the descriptor it then parses (`open_installed_bundle`). NOJIT_BUNDLE
+still wins over an installed wheel.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import json
 import os
 from dataclasses import dataclass
 
-from nojit.loader.errors import BundleCorruptError, BundleError
+from nojit.loader.bundle_file import Bundle, Pin
+from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
 
 ENTRY_POINT_GROUP = "nojit.bundles"
 BUNDLE_INFO = "bundle.json"  # inside the bundle wheel's package: {"file": name, "sha256": hex}
@@ -81,20 +83,27 @@ def default_installed_bundle() -> InstalledBundle | None:
     return found[0] if found else None
 
 
+def open_installed_bundle(env_pin: str | None = None) -> Bundle | None:
+    """The one installed bundle wheel's bundle, opened with the sha256 the wheel recorded as its pin (checked on
+    the descriptor that is then parsed); None if no bundle wheel is installed. env_pin (NOJIT_BUNDLE_SHA256), if
+    set, must name the same digest."""
+    found = default_installed_bundle()
+    if found is None:
+        return None
+    fix = f"reinstall it (`pip install --force-reinstall {found.distribution}`)"
+    if env_pin is not None and env_pin.strip().lower() != found.sha256.lower():
+        raise BundleMismatchError(f"NOJIT_BUNDLE_SHA256 pins {env_pin.strip()[:16]}..., the installed bundle wheel "
+                                  f"{found.distribution} recorded {found.sha256[:16]}...",
+                                  fix="unset NOJIT_BUNDLE_SHA256, set it to the wheel's digest, or install the pinned bundle")
+    if not os.path.isfile(found.path):
+        raise BundleError(f"bundle wheel {found.distribution}: {found.path} is missing", fix=fix)
+    return Bundle.open(found.path, pin=Pin(found.sha256, by=f"bundle wheel {found.distribution}", fix=fix, recorded=True))
+
+
 def verified_installed_bundle() -> InstalledBundle | None:
-    """default_installed_bundle(), after checking its file against the sha256 the wheel recorded."""
-    bundle = default_installed_bundle()
+    """default_installed_bundle(), after checking its file against the sha256 the wheel recorded (tools, tests)."""
+    bundle = open_installed_bundle()
     if bundle is None:
         return None
-    try:
-        actual = file_sha256(bundle.path)
-    except OSError as exc:
-        raise BundleError(f"bundle wheel {bundle.distribution}: cannot read {bundle.path} ({exc.strerror})",
-                          fix=f"reinstall it (`pip install --force-reinstall {bundle.distribution}`)") from None
-    if actual != bundle.sha256:
-        raise BundleCorruptError(
-            f"bundle wheel {bundle.distribution}: {bundle.path} has sha256 {actual[:16]}..., "
-            f"the wheel recorded {bundle.sha256[:16]}... (the file was modified or damaged)",
-            fix=f"reinstall it (`pip install --force-reinstall {bundle.distribution}`)",
-        )
-    return bundle
+    bundle.close()
+    return default_installed_bundle()

@@ -5,17 +5,24 @@ which kernels (identity and source hash), and per entry the exact compile key, t
 metadata and the content address of its cubin. Parsing validates every field's type and
 range, so a damaged or hostile manifest ends in one BundleCorruptError that names the
 field, never in an exception from deep inside the loader.
+
+In the file (format 2) the manifest is split so that opening reads only what every process
+needs: an Index (producer, target, deployment, kernel records, blob table, and per kernel
+where its entries lie and their digest), read and checked at open, and one section per kernel
+(its entries), decoded and checked at that kernel's first use (`parse_section`). `Manifest`
+is the whole thing, for the writer and tools.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
 RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
@@ -191,6 +198,31 @@ class BlobRef:
 
     def to_json(self) -> dict[str, Any]:
         return {"offset": self.offset, "length": self.length, "size": self.size}
+
+
+@dataclass(frozen=True)
+class SectionRef:
+    """Where one kernel's entries lie in the file (a zstandard frame of JSON), its digest and entry count."""
+
+    offset: int
+    length: int
+    size: int
+    sha256: str  # of the compressed frame, as the header's digest of the index
+    entries: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, f: _Fields, file_size: int) -> SectionRef:
+        offset = f.int("offset", 0, file_size)
+        length = f.int("length", 1, file_size)
+        if offset + length > file_size:
+            raise f._bad("length", f"runs past the end of the file ({offset}+{length} > {file_size} bytes)")
+        return cls(offset, length, f.int("size", 1, MAX_SECTION_BYTES), _sha(f, "sha256"), f.int("entries", 0, 1 << 20))
+
+
+MAX_SECTION_BYTES = 16 << 20  # one kernel's entries, raw JSON (the largest real one is ~200 KB)
 
 
 @dataclass(frozen=True)
@@ -450,7 +482,11 @@ class KernelRecord:
         if runtime not in RUNTIMES:
             raise f._bad("runtime", f"= {runtime!r} is not one of {RUNTIMES}")
         params = f.get("params", list)
-        if len(params) > 4096 or not all(isinstance(p, str) and p.isidentifier() for p in params):
+        try:
+            names_ok = all(map(str.isidentifier, params))
+        except TypeError:  # not a str
+            names_ok = False
+        if len(params) > 4096 or not names_ok:
             raise f._bad("params", "holds a name that is not an identifier")
         return cls(kid, runtime, f.str("source_hash", max_len=128), tuple(params), f.get("info", dict))
 
@@ -479,6 +515,8 @@ class Entry:
 
 @dataclass(frozen=True)
 class Manifest:
+    """The whole manifest: the index's facts plus every kernel's entries (writer, tools, tests)."""
+
     format: int
     producer: Producer
     target: Target
@@ -488,6 +526,7 @@ class Manifest:
     blobs: dict[str, BlobRef]
 
     def to_json(self) -> dict[str, Any]:
+        """The logical JSON form (one object; `nojit inspect --json`), not the file's split form."""
         return {
             "format": self.format,
             "producer": self.producer.to_json(),
@@ -498,58 +537,120 @@ class Manifest:
             "blobs": {k: v.to_json() for k, v in self.blobs.items()},
         }
 
+
+@dataclass(frozen=True)
+class Index:
+    """What a bundle file holds, without the entries: read and fully checked at open."""
+
+    format: int
+    producer: Producer
+    target: Target
+    deployment: dict[str, Any]
+    kernels: dict[str, KernelRecord]
+    blobs: dict[str, BlobRef]
+    sections: dict[str, SectionRef]  # kernel id -> its entries in the file
+
+    @property
+    def entry_count(self) -> int:
+        return sum(s.entries for s in self.sections.values())
+
+    def to_json(self) -> dict[str, Any]:
+        kernels = {k: {**v.to_json(), "section": self.sections[k].to_json()} for k, v in self.kernels.items()}
+        return {
+            "format": self.format,
+            "producer": self.producer.to_json(),
+            "target": self.target.to_json(),
+            "deployment": self.deployment,
+            "kernels": kernels,
+            "blobs": {k: v.to_json() for k, v in self.blobs.items()},
+        }
+
     @classmethod
-    def from_json(cls, obj: Any, source: str, file_size: int) -> Manifest:
+    def from_json(cls, obj: Any, source: str, file_size: int) -> Index:
         f = _Fields(obj, "manifest", source)
         fmt = f.int("format", 0, 1 << 30)
         if fmt != FORMAT_VERSION:
-            from nojit.loader.errors import BundleMismatchError
-
-            raise BundleMismatchError(
-                f"{source}: bundle format {fmt}, this nojit reads format {FORMAT_VERSION}",
-                fix="rebuild the bundle with this nojit version, or install the nojit that built it",
-            )
-        blobs: dict[str, BlobRef] = {}
-        for sha, ref in f.get("blobs", dict).items():
-            bf = _Fields(ref, f"manifest.blobs.{sha[:12]}", source)
-            if len(sha) != 64 or not set(sha) <= _HEX:
-                raise bf._bad("sha256", "is not a sha256 hex digest")
-            offset = bf.int("offset", 0, file_size)
-            length = bf.int("length", 1, min(file_size, MAX_CUBIN_BYTES + (1 << 20)))
-            if offset + length > file_size:
-                raise bf._bad("length", f"runs past the end of the file ({offset}+{length} > {file_size} bytes)")
-            blobs[sha] = BlobRef(sha, offset, length, bf.int("size", 1, MAX_CUBIN_BYTES))
-        kernels = {
-            kid: KernelRecord.from_json(kid, _Fields(rec, f"manifest.kernels[{kid!r}]", source))
-            for kid, rec in f.get("kernels", dict).items()
-        }
-        entries = [_entry_from_json(i, e, kernels, blobs, source) for i, e in enumerate(f.get("entries", list))]
-        by_kernel: dict[str, list[Entry]] = {}
-        for e in entries:
-            by_kernel.setdefault(e.kernel, []).append(e)
-        for kid, group in by_kernel.items():
-            _check_kernel_entries(kernels[kid], group, source)
+            raise format_error(source, fmt)
+        blobs = _blob_table(f.get("blobs", dict), source, file_size)
+        kernels: dict[str, KernelRecord] = {}
+        sections: dict[str, SectionRef] = {}
+        for kid, rec in f.get("kernels", dict).items():
+            kf = _Fields(rec, f"manifest.kernels[{kid!r}]", source)
+            kernels[kid] = KernelRecord.from_json(kid, kf)
+            sections[kid] = SectionRef.from_json(kf.sub("section"), file_size)
         return cls(
             format=fmt,
             producer=Producer.from_json(f.sub("producer")),
             target=Target.from_json(f.sub("target")),
             deployment=f.get("deployment", dict),
             kernels=kernels,
-            entries=tuple(entries),
             blobs=blobs,
+            sections=sections,
         )
 
 
+_HEX_RUN = re.compile("[0-9a-f]*")
+_BLOB_FIELDS = ("offset", "length", "size")
+
+
+def _blob_table(table: dict[str, Any], source: str, file_size: int) -> dict[str, BlobRef]:
+    """The blob table, the largest part of the index: each digest and size checked as _Fields would, in bulk
+    (one regex over all digests, a type test per size) so that opening stays cheap; a failure is then
+    located and reported by _Fields."""
+    shas = list(table)
+    if not all(len(sha) == 64 for sha in shas) or not _HEX_RUN.fullmatch("".join(shas)):
+        bad = next(sha for sha in shas if len(sha) != 64 or not _HEX_RUN.fullmatch(sha))
+        raise _Fields(table[bad], f"manifest.blobs.{bad[:12]}", source)._bad("sha256", "is not a sha256 hex digest")
+    cap = min(file_size, MAX_CUBIN_BYTES + (1 << 20))
+    blobs: dict[str, BlobRef] = {}
+    for sha, ref in table.items():
+        try:
+            offset, length, size = ref["offset"], ref["length"], ref["size"]
+            ok = type(offset) is int and type(length) is int and type(size) is int and (
+                0 <= offset <= file_size and 1 <= length <= cap and 1 <= size <= MAX_CUBIN_BYTES)
+        except (TypeError, KeyError):
+            ok = False
+        if not ok:
+            bf = _Fields(ref, f"manifest.blobs.{sha[:12]}", source)
+            bf.int("offset", 0, file_size), bf.int("length", 1, cap), bf.int("size", 1, MAX_CUBIN_BYTES)
+        if offset + length > file_size:
+            raise _Fields(ref, f"manifest.blobs.{sha[:12]}", source)._bad(
+                "length", f"runs past the end of the file ({offset}+{length} > {file_size} bytes)")
+        blobs[sha] = BlobRef(sha, offset, length, size)
+    return blobs
+
+
+def format_error(source: str, fmt: int) -> Exception:
+    from nojit.loader.errors import BundleMismatchError
+
+    older = " (format 1: one manifest, read whole at every start; nojit before the indexed layout)" if fmt == 1 else ""
+    return BundleMismatchError(
+        f"{source}: bundle format {fmt}{older}, this nojit reads format {FORMAT_VERSION}",
+        fix="rebuild the bundle with this nojit (`nojit build`, same deployment: the compile cache makes it quick), "
+        "or install the nojit that built it",
+    )
+
+
+def parse_section(record: KernelRecord, ref: SectionRef, obj: Any, blobs: dict[str, BlobRef],
+                  source: str) -> tuple[Entry, ...]:
+    """One kernel's entries (its section's JSON list), every field checked as at open in format 1."""
+    where = f"manifest.kernels[{record.id!r}].section"
+    if not isinstance(obj, list):
+        raise BundleCorruptError(f"{source}: manifest field {where} is not a list of entries", fix=_REBUILD)
+    if len(obj) != ref.entries:
+        raise BundleCorruptError(f"{source}: manifest field {where} holds {len(obj)} entries, the index says "
+                                 f"{ref.entries}", fix=_REBUILD)
+    entries = [_entry_from_json(i, e, record, blobs, source) for i, e in enumerate(obj)]
+    _check_kernel_entries(record, entries, source)
+    return tuple(entries)
+
+
 # Per-kernel validation: each function below reads one entry, or one kernel's entries, and
-# nothing else of the manifest, so it can move to a kernel's first use when opening becomes
-# lazy (indexed per kernel) without changing what is checked.
-def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: dict[str, BlobRef], source: str) -> Entry:
-    """One entry, with every field a launch reads checked against its kernel's record."""
-    ef = _Fields(e, f"manifest.entries[{i}]", source)
-    kernel = ef.str("kernel", max_len=512)
-    if kernel not in kernels:
-        raise ef._bad("kernel", f"names {kernel!r:.80}, which the manifest does not list")
-    record = kernels[kernel]
+# nothing else of the manifest: it runs at the kernel's first use (parse_section).
+def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, BlobRef], source: str) -> Entry:
+    """One entry of `record`'s section, with every field a launch reads checked against the record."""
+    ef = _Fields(e, f"manifest.kernels[{record.id!r}].section[{i}]", source)
+    kernel = record.id
     blob = _sha(ef, "blob")
     if blob not in blobs:
         raise ef._bad("blob", f"names a blob {blob[:12]} the manifest does not list")
@@ -580,6 +681,13 @@ def _entry_from_json(i: int, e: Any, kernels: dict[str, KernelRecord], blobs: di
         launch = TileLangLaunch.from_json(lf)
         _check_tilelang_key(ef, key, launch)
     return Entry(kernel, key, variant, blob, launch, ef.str("origin", max_len=1024))
+
+
+def entry_section_json(e: Entry) -> dict[str, Any]:
+    """An entry as its kernel's section stores it (the kernel is the section's)."""
+    d = e.to_json()
+    del d["kernel"]
+    return d
 
 
 def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: KernelRecord) -> None:
@@ -632,7 +740,7 @@ def _check_kernel_entries(record: KernelRecord, entries: list[Entry], source: st
             raise BundleCorruptError(f"{source}: kernel {record.id} has two {e.variant} entries for key "
                                      f"{ident[0][:200].decode()}", fix=_REBUILD)
         seen.add(ident)
-    if record.runtime == "tilelang":
+    if record.runtime == "tilelang" and entries:
         first = entries[0].launch.tensor_params  # type: ignore[union-attr]
         names = [t["name"] for t in first]
         for e in entries[1:]:

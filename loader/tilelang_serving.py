@@ -20,6 +20,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import sys
+import threading
 import types
 from typing import Any
 
@@ -105,41 +106,55 @@ class TileLangVariant(BundledFunction):
 
 
 class TileLangKernelServer:
-    """Stands where vLLM expects a TileLang JITImpl: `__call__`, `compile`, `par_compile`."""
+    """Stands where vLLM expects a TileLang JITImpl: `__call__`, `compile`, `par_compile`.
 
-    def __init__(self, fn: Any, record: KernelRecord, entries: list[Entry], bundle: Bundle, policy: ServingPolicy,
+    Prepared at first use (`prepare`), not at decoration: the source check needs the helpers defined
+    later in vLLM's module, and the kernel's section of the bundle is read and validated only then."""
+
+    def __init__(self, fn: Any, record: KernelRecord, bundle: Bundle, policy: ServingPolicy,
                  allow: frozenset[str]) -> None:
         self.fn = fn
         self.record = record
         self.policy = policy
         self.bundle = bundle
         self._allow = allow
-        self._source_checked = False
-        tensor_names = {t["name"] for t in entries[0].launch.tensor_params} if entries else set()
-        self._bind, self.tensor_names, self.scalar_names = make_binder(fn, tensor_names)
-        self.variants: dict[tuple[Any, ...], TileLangVariant] = {}
-        for e in entries:
-            self.variants[key_from_json(e.key)] = TileLangVariant(e, bundle, self.tensor_names)
+        self._ready = False
+        self._lock = threading.Lock()
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
         self.__wrapped__ = fn
 
-    def _verify_source(self) -> None:
-        # At first use, not at decoration: helpers defined later in vLLM's module must exist.
-        if not check_source(self.record.id, self.record.source_hash, source_hash(self.fn), self.bundle.path, self._allow):
-            log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)",
-                        self.record.id)
-        self._source_checked = True
+    def prepare(self) -> None:
+        """Source hash checked, section read and validated, binder and variants built (once; thread-safe)."""
+        if self._ready:
+            return
+        with self._lock:
+            if self._ready:
+                return
+            if not check_source(self.record.id, self.record.source_hash, source_hash(self.fn), self.bundle.path,
+                                self._allow):
+                log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)",
+                            self.record.id)
+            entries = self.bundle.entries(self.record.id)
+            tensor_names = {t["name"] for t in entries[0].launch.tensor_params} if entries else set()  # type: ignore[union-attr]
+            self._bind, self.tensor_names, self.scalar_names = make_binder(self.fn, tensor_names)
+            self._variants = {key_from_json(e.key): TileLangVariant(e, self.bundle, self.tensor_names) for e in entries}
+            self._ready = True
+
+    @property
+    def variants(self) -> dict[tuple[Any, ...], TileLangVariant]:
+        self.prepare()
+        return self._variants
 
     def _lookup(self, args: tuple, kwargs: dict) -> tuple[tuple[Any, ...], TileLangVariant | None, tuple[Any, ...]]:
-        if not self._source_checked:
-            self._verify_source()
+        if not self._ready:
+            self.prepare()
         tensors, key = self._bind(*args, **kwargs)
         if any(v is MISSING for v in key):
             missing = [n for n, v in zip(self.scalar_names, key) if v is MISSING]
             raise TypeError(f"{self.record.id}() missing required arguments {missing}")
         try:
-            return tensors, self.variants.get(key), key
+            return tensors, self._variants.get(key), key
         except TypeError:  # an unhashable argument: TileLang freezes lists/dicts; vLLM passes none
             return tensors, None, key
 
@@ -176,7 +191,7 @@ class TileLangKernelServer:
     def preload(self, device: int) -> int:
         for v in self.variants.values():
             v.load(device)
-        return len(self.variants)
+        return len(self._variants)
 
 
 def _real_tilelang_jit(fn: Any, kernel_id: str) -> Any:
@@ -235,8 +250,8 @@ _state = _State()
 
 def _server_for(fn: Any, kernel_id: str) -> TileLangKernelServer:
     assert _state.bundle is not None and _state.policy is not None
-    server = TileLangKernelServer(fn, _state.bundle.manifest.kernels[kernel_id], _state.bundle.entries(kernel_id),
-                                  _state.bundle, _state.policy, _state.allow)
+    server = TileLangKernelServer(fn, _state.bundle.index.kernels[kernel_id], _state.bundle, _state.policy,
+                                  _state.allow)
     _state.servers[kernel_id] = server
     return server
 
@@ -316,7 +331,7 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy,
         if fn is None:
             raise BundleMismatchError(f"cannot find the Python function behind {kid}", fix="report this to nojit")
         server = _server_for(fn, kid)
-        server._verify_source()  # the module is complete: a stale source is refused now, at install
+        server.prepare()  # the module is complete: a stale source is refused now, at install
         server._original = jit_impl  # type: ignore[attr-defined]
         setattr(mhc, name, server)
     return _state.servers

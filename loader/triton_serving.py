@@ -13,15 +13,18 @@ generated packer, one C call.
 
 from __future__ import annotations
 
+import logging
 import struct
+import threading
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.cuda_launch import BundledFunction
-from nojit.loader.errors import LaunchError, NoJitError
+from nojit.loader.errors import BundleMismatchError, LaunchError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, TritonLaunch
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.torch_cuda import current_device, current_stream
+from nojit.loader.versions import check_source
 from nojit.loader.triton_key import (
     ArgSpecializer,
     Key,
@@ -35,6 +38,8 @@ from nojit.loader.triton_key import (
     make_binder,
     options_key,
 )
+
+log = logging.getLogger("nojit")
 
 _pack_double = struct.Struct("<d").pack
 _unpack_u64 = struct.Struct("<Q").unpack
@@ -134,52 +139,121 @@ class TritonVariant(BundledFunction):
 
 
 class TritonKernelServer:
-    """Replaces `run` on one JITFunction: key -> bundled variant -> launch; misses go to the policy."""
+    """Replaces `run` on one JITFunction: key -> bundled variant -> launch; misses go to the policy.
+
+    Installing costs nothing per kernel: `fn.run` first points at `_first_call`, and the kernel is
+    prepared at its first use (a call, `kernel.warmup`, vLLM's warmup registry, `preload`): its live
+    source hash checked against the bundle's, its section of the bundle read and validated, its
+    variants, binder and fast-path tables built. Then `fn.run` is the real entry point.
+    """
 
     def __init__(
         self,
         fn: Any,
         record: KernelRecord,
-        entries: list[Entry],
         bundle: Bundle,
         policy: ServingPolicy,
         specializer: ArgSpecializer,
         debug: bool,
         instrumentation_mode: str,
         fast_path: bool = False,
+        allow: frozenset[str] = frozenset(),
+        differences: list[str] | None = None,
     ) -> None:
         self.fn = fn
         self.record = record
         self.policy = policy
-        self.names = tuple(p.name for p in fn.params)
-        self._runtime_param = tuple(not p.is_constexpr for p in fn.params)
-        self._binder = make_binder(fn, specializer)
+        self.bundle = bundle
+        self._specializer = specializer
         self._debug = debug
         self._instrumentation_mode = instrumentation_mode
+        self._fast_path = fast_path
+        self._allow = allow
+        self._differences = differences if differences is not None else []
         self._options: dict[tuple, tuple] = {}
-        self.exact: dict[Key, TritonVariant] = {}
-        self.generic: dict[Key, TritonVariant] = {}  # by layout spec (see triton_key.layout_spec)
-        self._generic_groups: dict[Key, list[tuple[Key, TritonVariant]]] = {}  # by generic_spec
         self._fallbacks: dict[Key, TritonVariant] = {}  # exact key -> the generic entry chosen for it
+        self._jit_run = type(fn).run  # the class's own run: the JIT path for permissive misses
+        self._lock = threading.Lock()
+        self._ready = False
+        self._fast: Any = None
+        self._binder: Any = self._bind_after_prepare  # run() called before any prepare (tests, tools)
+        # What install() puts on the JITFunction; replaced by the real entry point once prepared.
+        self.entry_point: Any = self._first_call
+
+    def _bind_after_prepare(self, *args: Any, **kwargs: Any) -> Any:
+        self.prepare()
+        return self._binder(*args, **kwargs)
+
+    def _first_call(self, *args: Any, **kwargs: Any) -> Any:
+        self.prepare()
+        return self.entry_point(*args, **kwargs)
+
+    def prepare(self) -> None:
+        """Check and build everything this kernel's launches need (once; thread-safe). Raises
+        BundleMismatchError for a changed source (unless allowed) and BundleCorruptError for a bad section."""
+        if self._ready:
+            return
+        with self._lock:
+            if self._ready:
+                return
+            kid = self.record.id
+            if not check_source(kid, self.record.source_hash, self.fn.cache_key, self.bundle.path, self._allow):
+                self._differences.append(f"source: {kid} changed since the bundle was built")
+                log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)",
+                            kid)
+            try:
+                self._build(self.bundle.entries(kid))
+            except NoJitError:
+                raise
+            except Exception as exc:  # a malformed key in an otherwise valid manifest
+                raise BundleMismatchError(f"kernel {kid}: cannot serve its bundle entries ({exc})",
+                                          fix="rebuild the bundle with `nojit build`") from None
+            if self.fn.__dict__.get("run") == self._first_call:  # still installed: point it at the real path
+                self.fn.run = self.entry_point
+            self._ready = True
+
+    def _build(self, entries: tuple[Entry, ...]) -> None:
+        self.names = tuple(p.name for p in self.fn.params)
+        self._runtime_param = tuple(not p.is_constexpr for p in self.fn.params)
+        self._binder = make_binder(self.fn, self._specializer)
+        self._exact: dict[Key, TritonVariant] = {}
+        self._generic: dict[Key, TritonVariant] = {}  # by layout spec (see triton_key.layout_spec)
+        self._generic_groups: dict[Key, list[tuple[Key, TritonVariant]]] = {}  # by generic_spec
         for e in entries:
             key = key_from_json(e.key)
-            variant = TritonVariant(e, bundle)
+            variant = TritonVariant(e, self.bundle)
             if e.variant == "exact":
-                self.exact[key] = variant
+                self._exact[key] = variant
             else:
-                self.generic[key] = variant
+                self._generic[key] = variant
                 group = (generic_spec(key[0], self._runtime_param), key[1])
                 self._generic_groups.setdefault(group, []).append((key, variant))
-        self._jit_run = type(fn).run  # the class's own run: the JIT path for permissive misses
-        # What install() puts on the JITFunction: the one-call C path for exact entries where it can
-        # be used (not while recording, which sees every hit), else run itself.
-        self.entry_point = self.run
-        if fast_path and not policy.recording:
+        # The one-call C path for exact entries where it can be used (not while recording, which sees
+        # every hit), else run itself.
+        entry_point = self.run
+        if self._fast_path and not self.policy.recording:
             from nojit.loader.triton_fast import TritonFastPath, fast_module, make_run
 
             if fast_module() is not None:
-                self.fast = TritonFastPath(fn, specializer, self.exact)
-                self.entry_point = make_run(self, self.fast)
+                self._fast = TritonFastPath(self.fn, self._specializer, self._exact)
+                entry_point = make_run(self, self._fast)
+        self.entry_point = entry_point
+
+    @property
+    def exact(self) -> dict[Key, TritonVariant]:
+        self.prepare()
+        return self._exact
+
+    @property
+    def generic(self) -> dict[Key, TritonVariant]:
+        self.prepare()
+        return self._generic
+
+    @property
+    def fast(self) -> Any:
+        """The C tables (triton_fast.TritonFastPath), or None where the fast path is off."""
+        self.prepare()
+        return self._fast
 
     def options_key(self, options: dict[str, Any]) -> tuple:
         """Triton's launch options for this call, as it would see them (debug, instrumentation added)."""
@@ -205,7 +279,7 @@ class TritonKernelServer:
             key = (spec, self.options_key(options))
         except UnsupportedArgument as exc:
             return self._miss(None, str(exc), args, kwargs, grid, warmup)
-        variant = self.exact.get(key)
+        variant = self._exact.get(key)
         if variant is None:
             variant = self._fallbacks.get(key) or self.fallback_for(key)
             if variant is None:
@@ -230,7 +304,7 @@ class TritonKernelServer:
         (bit-identical to the JIT's cubin for `key`), else the nearest pattern of its group."""
         spec, okey = key
         wanted = layout_spec(spec, self._runtime_param)
-        variant = self.generic.get((wanted, okey))
+        variant = self._generic.get((wanted, okey))
         if variant is None:
             group = self._generic_groups.get((generic_spec(spec, self._runtime_param), okey))
             if not group:
@@ -248,7 +322,8 @@ class TritonKernelServer:
 
     def preload(self, device: int) -> int:
         """Load every variant's module on `device` (before CUDA-graph capture). Returns how many."""
-        variants = list(self.exact.values()) + list(self.generic.values())
+        self.prepare()
+        variants = list(self._exact.values()) + list(self._generic.values())
         for v in variants:
             v.load(device)
         return len(variants)

@@ -9,7 +9,6 @@ Versions are read from package metadata, so checking TileLang's never imports it
 
 from __future__ import annotations
 
-import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -17,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from nojit.loader.errors import BundleMismatchError
-from nojit.loader.manifest import Manifest
+from nojit.loader.manifest import Index, Manifest
 
 from nojit.loader.settings import MISMATCH_FACTS  # noqa: F401  (the words NOJIT_ALLOW_MISMATCH accepts)
 
@@ -28,24 +27,42 @@ def installed_version(distribution: str) -> str | None:
     version = getattr(sys.modules.get(distribution), "__version__", None)
     if isinstance(version, str):
         return version
-    try:
-        spec = importlib.util.find_spec(distribution)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.origin:
-        site = os.path.dirname(os.path.dirname(spec.origin))
-        found = glob.glob(os.path.join(glob.escape(site), f"{distribution}-*.dist-info", "METADATA"))
-        if len(found) == 1:
-            with open(found[0], encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-                    if not line.strip():
-                        break
+    info = dist_info_dir(distribution)
+    if info is not None and os.path.isfile(os.path.join(info, "METADATA")):
+        with open(os.path.join(info, "METADATA"), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+_listings: dict[str, list[str]] = {}
+
+
+def dist_info_dir(package: str) -> str | None:
+    """The one `<package>-*.dist-info` folder next to the importable package (None: not found, or several).
+    Each site folder is listed once per process (site-packages can hold thousands of entries)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    names = _listings.get(site)
+    if names is None:
+        try:
+            names = _listings[site] = [n for n in os.listdir(site) if n.endswith(".dist-info")]
+        except OSError:
+            return None
+    prefix = f"{package}-"
+    found = [n for n in names if n.startswith(prefix) and n[len(prefix):len(prefix) + 1].isdigit()]
+    return os.path.join(site, found[0]) if len(found) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -61,11 +78,11 @@ class RuntimeVersions:
         return cls(installed_version("vllm"), installed_version("triton"), installed_version("tilelang"))
 
 
-def _runtimes(manifest: Manifest) -> set[str]:
+def _runtimes(manifest: Manifest | Index) -> set[str]:
     return {k.runtime for k in manifest.kernels.values()}
 
 
-def version_differences(manifest: Manifest, runtime: RuntimeVersions) -> dict[str, str]:
+def version_differences(manifest: Manifest | Index, runtime: RuntimeVersions) -> dict[str, str]:
     """fact -> human description, for every producer fact that differs from this process."""
     diffs: dict[str, str] = {}
     p = manifest.producer
@@ -79,7 +96,7 @@ def version_differences(manifest: Manifest, runtime: RuntimeVersions) -> dict[st
     return diffs
 
 
-def check_versions(manifest: Manifest, path: str, runtime: RuntimeVersions, allow: frozenset[str]) -> list[str]:
+def check_versions(manifest: Manifest | Index, path: str, runtime: RuntimeVersions, allow: frozenset[str]) -> list[str]:
     """Raise BundleMismatchError for differences not allowed; return the allowed ones (to log)."""
     diffs = version_differences(manifest, runtime)
     refused = {k: v for k, v in diffs.items() if k not in allow}
@@ -93,7 +110,7 @@ def check_versions(manifest: Manifest, path: str, runtime: RuntimeVersions, allo
     return [diffs[k] for k in sorted(diffs) if k in allow]
 
 
-def check_arch(manifest: Manifest, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
+def check_arch(manifest: Manifest | Index, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
     """sm_90a SASS runs on compute capability 9.0 only; anything else must be refused."""
     have = capability[0] * 10 + capability[1]
     if have != manifest.target.capability and "arch" not in allow:

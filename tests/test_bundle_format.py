@@ -16,7 +16,9 @@ from nojit.aot.bundle_writer import write_bundle
 from nojit.loader.bundle_file import HEADER, MAGIC, Bundle, Header, canonical_json
 from nojit.aot.errors import BuildError
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, NoJitError
-from nojit.loader.manifest import Entry, KernelRecord, Producer, Target, TritonLaunch
+from nojit.loader.manifest import FORMAT_VERSION, Entry, KernelRecord, Producer, Target, TritonLaunch
+
+from bundle_bytes import seal
 
 PRODUCER = Producer("0.1.0", "0.33.0", "3.8.0", None, "12.9.86", None, "3.11.7", "2.14.0")
 TARGET = Target("cuda", 90, "sm_90a", 32)
@@ -58,6 +60,17 @@ def test_round_trip(tmp_path):
         assert isinstance(e.launch, TritonLaunch) and e.launch.args == ((0, "p"), (1, "i"))
     assert b.verify() == len(cubins)
     assert len(b.entries("pkg.mod:A.kernel")) == 3
+
+
+def test_open_reads_the_index_and_each_section_at_first_use(tmp_path):
+    """Opening decodes no kernel's entries; the first entries() call decodes that kernel's section only."""
+    path = str(tmp_path / "b.nojit")
+    _write(path)
+    b = Bundle.open(path)
+    assert b.index.entry_count == 6 and b._sections == {}
+    assert len(b.entries("pkg.mod:b_kernel")) == 3 and list(b._sections) == ["pkg.mod:b_kernel"]
+    assert b.entries("pkg.mod:b_kernel") is b.entries("pkg.mod:b_kernel")  # decoded once
+    assert b.entries("pkg.mod:not_bundled") == ()
 
 
 def test_same_inputs_give_identical_bytes(tmp_path):
@@ -144,13 +157,9 @@ def test_random_bytes_never_crash_the_reader(tmp_path_factory, blob):
         _open_and_read_all(str(p))
 
 
-def _with_manifest(path: str, manifest: object, fmt: int = 1, blobs_from: str | None = None) -> None:
-    """A bundle file with this manifest (and, optionally, the blob region of another bundle)."""
+def _with_manifest(path: str, manifest: object, fmt: int = FORMAT_VERSION) -> None:
+    """A bundle file with this index and nothing else."""
     blobs = b""
-    if blobs_from:
-        with open(blobs_from, "rb") as f:
-            offset = HEADER.unpack(f.read(HEADER.size))[3]
-            blobs = f.read(offset - HEADER.size)
     raw = json.dumps(manifest).encode()
     comp = zstandard.ZstdCompressor().compress(raw)
     header = Header(fmt, 0, HEADER.size + len(blobs), len(comp), len(raw), hashlib.sha256(comp).digest())
@@ -170,26 +179,41 @@ def test_hostile_manifests_are_refused_cleanly(tmp_path_factory, value):
 
 
 def test_bad_field_is_named(tmp_path):
+    """A bad field in a kernel's section is found at that kernel's first use (and by verify), named by its path."""
     path = str(tmp_path / "b.nojit")
-    _write(path)
+    cubins = _write(path)
     manifest = Bundle.open(path).manifest.to_json()
-    manifest["entries"][2]["launch"]["num_warps"] = "four"
-    p = str(tmp_path / "m.nojit")
-    _with_manifest(p, manifest, blobs_from=path)
-    with pytest.raises(BundleCorruptError, match=r"manifest\.entries\[2\]\.launch\.num_warps has type str"):
-        Bundle.open(p)
+    manifest["entries"][2]["launch"]["num_warps"] = "four"  # the third entry of pkg.mod:A.kernel
+    p = tmp_path / "m.nojit"
+    p.write_bytes(seal(manifest, cubins))
+    b = Bundle.open(str(p))
+    assert len(b.entries("pkg.mod:b_kernel")) == 3  # the other kernel is served
+    match = r"manifest\.kernels\['pkg\.mod:A\.kernel'\]\.section\[2\]\.launch\.num_warps has type str"
+    with pytest.raises(BundleCorruptError, match=match):
+        b.entries("pkg.mod:A.kernel")
+    with pytest.raises(BundleCorruptError, match=match):
+        Bundle.open(str(p)).verify()
     manifest = Bundle.open(path).manifest.to_json()
     manifest["entries"][0]["blob"] = "f" * 64
-    _with_manifest(p, manifest, blobs_from=path)
+    p.write_bytes(seal(manifest, cubins))
     with pytest.raises(BundleCorruptError, match="names a blob ffffffffffff the manifest does not list"):
-        Bundle.open(p)
+        Bundle.open(str(p)).verify()
 
 
 def test_other_format_version_is_a_mismatch(tmp_path):
     p = str(tmp_path / "v.nojit")
     _with_manifest(p, {"format": 1}, fmt=7)
-    with pytest.raises(BundleMismatchError, match="bundle format 7, this nojit reads format 1"):
+    with pytest.raises(BundleMismatchError, match=f"bundle format 7, this nojit reads format {FORMAT_VERSION}"):
         Bundle.open(p)
+
+
+def test_a_format_1_bundle_is_refused_with_the_fix(tmp_path):
+    """Bundles written before the indexed layout: one typed error saying what it is and to rebuild."""
+    p = str(tmp_path / "old.nojit")
+    _with_manifest(p, {"format": 1, "entries": []}, fmt=1)
+    with pytest.raises(BundleMismatchError, match="bundle format 1 .*nojit before the indexed layout") as info:
+        Bundle.open(p)
+    assert "nojit build" in info.value.fix
 
 
 def test_manifest_is_canonical_json(tmp_path):
@@ -200,4 +224,37 @@ def test_manifest_is_canonical_json(tmp_path):
         assert header[0] == MAGIC
         f.seek(header[3])
         raw = zstandard.ZstdDecompressor().decompress(f.read(header[4]))
-    assert raw == canonical_json(json.loads(raw))
+        index = json.loads(raw)
+        assert raw == canonical_json(index)
+        for record in index["kernels"].values():
+            f.seek(record["section"]["offset"])
+            section = zstandard.ZstdDecompressor().decompress(f.read(record["section"]["length"]))
+            assert section == canonical_json(json.loads(section))
+
+
+def test_a_format_1_bundle_upgrades_to_the_same_bytes_a_build_writes(tmp_path):
+    """tools/upgrade_bundle.py: format 1 (one manifest) -> format 2, byte-identical to write_bundle's output."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "upgrade_bundle", os.path.join(os.path.dirname(__file__), "..", "tools", "upgrade_bundle.py"))
+    upgrade = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(upgrade)
+    new = str(tmp_path / "new.nojit")
+    cubins = _write(new)
+    manifest = Bundle.open(new).manifest.to_json()
+    body, refs = b"", {}
+    for sha in sorted(cubins):  # format 1, laid out by hand: header, blobs, one manifest
+        frame = zstandard.ZstdCompressor(write_content_size=True).compress(cubins[sha])
+        refs[sha] = {"offset": HEADER.size + len(body), "length": len(frame), "size": len(cubins[sha])}
+        body += frame
+    raw = json.dumps(dict(manifest, format=1, blobs=refs)).encode()
+    comp = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+    old = tmp_path / "old.nojit"
+    old.write_bytes(Header(1, 0, HEADER.size + len(body), len(comp), len(raw), hashlib.sha256(comp).digest()).pack()
+                    + body + comp)
+    with pytest.raises(BundleMismatchError, match="bundle format 1"):
+        Bundle.open(str(old))
+    out = str(tmp_path / "upgraded.nojit")
+    assert upgrade.upgrade(str(old), out) == len(cubins)
+    assert open(out, "rb").read() == open(new, "rb").read()

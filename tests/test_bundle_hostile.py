@@ -37,20 +37,25 @@ from hypothesis import strategies as st
 
 from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header, canonical_json
 from nojit.loader.errors import NoJitError
+from nojit.loader.manifest import FORMAT_VERSION
+
+from bundle_bytes import index_json, seal, with_index
 
 EXAMPLES = int(os.environ.get("NOJIT_FUZZ_EXAMPLES", "150"))
 MEM_CAP = 64 << 20  # bytes a single open + verify may allocate (tracemalloc peak)
 TIME_CAP = 5.0  # seconds per case on a loaded 2-core box
 
-STAGES = ("header", "manifest digest", "decompress", "json", "schema", "layout", "cubin", "loaded",
+STAGES = ("header", "digest", "decompress", "json", "schema", "layout", "cubin", "loaded",
           "loaded (valid edit)")
+# Index: read at open; a kernel's section: at its first use (here: b.manifest reads them all).
 _STAGE_OF = [
-    (r"too short|not a nojit bundle|bundle format|header flags|lies outside|manifest size|manifest frame", "header"),
-    (r"truncated manifest|manifest digest mismatch|sha256 .* pins", "manifest digest"),
-    (r"manifest(: frame| does not decompress|: the zstandard|: bytes follow|: decompresses|: \d+ bytes after)", "decompress"),
+    (r"too short|not a nojit bundle|bundle format|header flags|lies outside|index size|index frame", "header"),
+    (r"truncated index|(index|section) digest mismatch|sha256 .* pins|section of kernel \S+ is truncated", "digest"),
+    (r"(index|section of kernel \S+)(: frame| does not decompress|: the zstandard|: bytes follow|: decompresses|"
+     r": \d+ bytes after)", "decompress"),
     (r"not valid JSON", "json"),
     (r"manifest field|has two .* entries|entries disagree", "schema"),
-    (r"follow the manifest|blobs (end|overlap)|expected at", "layout"),
+    (r"follow the index|sections end at|expected at", "layout"),
     (r"cubin", "cubin"),
 ]
 
@@ -144,27 +149,12 @@ def valid_bundle(draw):
         blobs[_sha(raw)] = raw
         entries.append({"kernel": kid, "key": key, "variant": "exact", "blob": _sha(raw), "launch": launch,
                         "origin": "declared"})
-    manifest = {"format": 1,
+    manifest = {"format": FORMAT_VERSION,
                 "producer": {"nojit": "0.1.0", "vllm": "0.33.0", "triton": "3.8.0", "tilelang": "0.1.12",
                              "ptxas": None, "nvcc": None, "python": "3.11.7", "torch": "2.14.0"},
                 "target": {"backend": "cuda", "capability": 90, "arch": "sm_90a", "warp_size": 32},
                 "deployment": {"name": "fuzz"}, "kernels": kernels, "entries": entries, "blobs": {}}
     return manifest, blobs
-
-
-def seal(manifest: dict, blobs: dict[str, bytes], raw_json: bytes | None = None) -> bytes:
-    """A complete bundle file: header, one zstandard frame per blob (offsets filled in), manifest, digests right."""
-    body, refs = b"", {}
-    for sha in sorted(blobs):
-        frame = zstandard.ZstdCompressor(write_content_size=True, write_checksum=True).compress(blobs[sha])
-        refs[sha] = {"offset": HEADER.size + len(body), "length": len(frame), "size": len(blobs[sha])}
-        body += frame
-    if raw_json is None:
-        manifest = dict(manifest, blobs={**refs, **{k: v for k, v in manifest["blobs"].items() if k not in refs}})
-        raw_json = json.dumps(manifest).encode()
-    comp = zstandard.ZstdCompressor(write_content_size=True).compress(raw_json)
-    header = Header(1, 0, HEADER.size + len(body), len(comp), len(raw_json), hashlib.sha256(comp).digest())
-    return header.pack() + body + comp
 
 
 # ------------------------------------------------------------------ one break per case
@@ -398,18 +388,14 @@ def damaged(draw, data: bytes, manifest_raw: bytes):
             raw[at:at] = raw[at:at + draw(st.integers(1, 40))]
         else:
             raw[at:at] = b"\\u0000"
-        moff = struct.unpack_from("<Q", data, 16)[0]
-        comp = zstandard.ZstdCompressor().compress(bytes(raw))
-        header = Header(1, 0, moff, len(comp), len(raw), hashlib.sha256(comp).digest())
-        b = bytearray(header.pack() + data[HEADER.size:moff] + comp)
+        b = bytearray(with_index(data, bytes(raw)))
     return kind, bytes(b)
 
 
 def test_damaged_real_bundle_is_refused_or_identical(tmp_path, real_bundle):
     data = open(real_bundle, "rb").read()
     original = Bundle.open(real_bundle)
-    moff, mlen = struct.unpack_from("<QQ", data, 16)
-    manifest_raw = zstandard.ZstdDecompressor().decompress(data[moff:moff + mlen])
+    manifest_raw = index_json(data)
     counts: Counter = Counter()
     kinds: Counter = Counter()
 
@@ -423,7 +409,7 @@ def test_damaged_real_bundle_is_refused_or_identical(tmp_path, real_bundle):
     run()
     print_table(f"byte-level damage of {os.path.basename(real_bundle)} ({len(data)} bytes)", counts)
     print("  by damage:", dict(sorted(kinds.items())))
-    for stage in ("header", "manifest digest", "json", "schema", "layout"):
+    for stage in ("header", "digest", "json", "schema", "layout"):
         assert counts[stage] > 0, f"no case reached stage {stage}"
 
 
@@ -435,7 +421,7 @@ BOMBS = textwrap.dedent(r"""
 
     def write(path, blobs, manifest_raw, declared=None):
         comp = zstandard.ZstdCompressor(write_content_size=True).compress(manifest_raw)
-        header = Header(1, 0, HEADER.size + len(blobs), len(comp), declared or len(manifest_raw), hashlib.sha256(comp).digest())
+        header = Header(@FORMAT@, 0, HEADER.size + len(blobs), len(comp), declared or len(manifest_raw), hashlib.sha256(comp).digest())
         open(path, "wb").write(header.pack() + blobs + comp)
 
     out = []
@@ -449,8 +435,8 @@ BOMBS = textwrap.dedent(r"""
     big = zstandard.ZstdCompressor(write_content_size=True).compress(b"\0" * (256 << 20))
     sha = hashlib.sha256(b"\0" * (256 << 20)).hexdigest()
     for name, size in (("b1", 2 << 30), ("b2", 256 << 20)):
-        manifest = {"format": 1, "producer": {"nojit": "0", "python": "3"}, "target": {"backend": "cuda",
-                    "capability": 90, "arch": "sm_90a", "warp_size": 32}, "deployment": {}, "kernels": {}, "entries": [],
+        manifest = {"format": @FORMAT@, "producer": {"nojit": "0", "python": "3"}, "target": {"backend": "cuda",
+                    "capability": 90, "arch": "sm_90a", "warp_size": 32}, "deployment": {}, "kernels": {},
                     "blobs": {sha: {"offset": HEADER.size, "length": len(big), "size": size}}}
         write(d + "/" + name, big, json.dumps(manifest).encode())
     for name in ("m1", "m2", "m3", "b1", "b2"):
@@ -467,7 +453,7 @@ BOMBS = textwrap.dedent(r"""
 def test_decompression_bombs_are_refused_within_a_memory_limit(tmp_path):
     """Under RLIMIT_AS = 1.5 GiB: no MemoryError, every bomb refused with a typed error."""
     limit = 1536 << 20
-    p = subprocess.run([sys.executable, "-c", BOMBS.replace("@LIMIT@", str(limit)), str(tmp_path)],
+    p = subprocess.run([sys.executable, "-c", BOMBS.replace("@LIMIT@", str(limit)).replace("@FORMAT@", str(FORMAT_VERSION)), str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     results = dict(json.loads(p.stdout.strip().splitlines()[-1]))

@@ -61,12 +61,16 @@ def kernel():
 @needs_vllm
 def test_bundled_key_goes_straight_to_the_launcher(installed):
     inst = installed(mode="strict")
-    assert C128A in inst.triton and kernel().run == inst.triton[C128A].entry_point  # the one-call C path
+    server = inst.triton[C128A]
+    assert kernel().run == server.entry_point == server._first_call  # installed, not prepared yet
+    assert inst.bundle._sections == {}  # install() decoded no kernel's entries
     before = len(guards.compile_attempts)  # the list is per process; earlier tests refused compilers on purpose
     with pytest.raises(LaunchError, match="libcuda.so.1|NVIDIA driver") as info:
         kernel()[(4,)](**c128a_args())
     assert "fix:" in str(info.value)
     assert guards.compile_attempts[before:] == []
+    assert list(inst.bundle._sections) == [C128A]  # the first call read this kernel's section only
+    assert kernel().run == server.entry_point != server._first_call  # prepared: the one-call C path
 
 
 @needs_vllm
@@ -192,9 +196,16 @@ def test_other_triton_version_is_refused_with_the_difference(installed, small_bu
 
 @needs_vllm
 def test_stale_kernel_source_is_refused(installed, small_build, tmp_path):
+    """Checked when the kernel is first used (a call, warmup, the registry's preflight, prepare, preload)."""
     path = _rewrite(small_build["bundle"], str(tmp_path / "stale.nojit"), kernel_hash="0" * 64)
-    with pytest.raises(BundleMismatchError, match="BuildC128ATopkMetadataKernel.kernel: its source changed"):
-        installed(path, mode="strict")
+    inst = installed(path, mode="strict")
+    stale = "BuildC128ATopkMetadataKernel.kernel: its source changed"
+    with pytest.raises(BundleMismatchError, match=stale):
+        kernel()[(4,)](**c128a_args())
+    with pytest.raises(BundleMismatchError, match=stale):
+        kernel().warmup(grid=(1,), **c128a_args())
+    with pytest.raises(BundleMismatchError, match=stale):
+        inst.prepare()
 
 
 @needs_vllm

@@ -11,7 +11,6 @@ import copy
 import hashlib
 import json
 import os
-import struct
 import sys
 
 import pytest
@@ -21,7 +20,9 @@ from nojit.loader import settings as settings_mod
 from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, NoJitError
 from nojit.loader.launch_expr import evaluate, validate_expr
-from nojit.loader.manifest import MAX_CUBIN_BYTES
+from nojit.loader.manifest import FORMAT_VERSION, MAX_CUBIN_BYTES
+
+from bundle_bytes import index_json, index_offset, seal, with_index
 
 CUBIN_A = b"\x7fELF cubin A" + bytes(range(200))
 CUBIN_B = b"\x7fELF cubin B" + bytes(range(100, 250))
@@ -42,7 +43,7 @@ def valid() -> tuple[dict, dict]:
                  "grid": [{"op": "//", "args": [{"op": "+", "args": [{"var": "num_tokens"}, 3]}, 4]}, 1, 1],
                  "block": [128, 1, 1], "dynamic_smem": 1024, "pdl": True, "cluster_dims": None, "cooperative": False}
     manifest = {
-        "format": 1,
+        "format": FORMAT_VERSION,
         "producer": {"nojit": "0.1.0", "vllm": "0.33.0", "triton": "3.8.0", "tilelang": "0.1.12", "ptxas": None,
                      "nvcc": None, "python": "3.11.7", "torch": "2.14.0"},
         "target": {"backend": "cuda", "capability": 90, "arch": "sm_90a", "warp_size": 32},
@@ -60,19 +61,6 @@ def valid() -> tuple[dict, dict]:
         "blobs": {},
     }
     return manifest, {SHA_A: CUBIN_A, SHA_B: CUBIN_B}
-
-
-def seal(manifest: dict, blobs: dict[str, bytes]) -> bytes:
-    """A complete bundle file: header, one zstandard frame per blob (offsets filled in), manifest, digests right."""
-    body, refs = b"", {}
-    for sha in sorted(blobs):
-        frame = zstandard.ZstdCompressor(write_content_size=True, write_checksum=True).compress(blobs[sha])
-        refs[sha] = {"offset": HEADER.size + len(body), "length": len(frame), "size": len(blobs[sha])}
-        body += frame
-    raw = json.dumps(dict(manifest, blobs=refs)).encode()
-    comp = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
-    header = Header(1, 0, HEADER.size + len(body), len(comp), len(raw), hashlib.sha256(comp).digest())
-    return header.pack() + body + comp
 
 
 def write(tmp_path, data: bytes, name: str = "b.nojit") -> str:
@@ -131,7 +119,8 @@ L = lambda m: m["entries"][1]  # noqa: E731  the TileLang entry
     (lambda m: T(m)["key"]["options"].append(["num_warps", ["int", 8]]), r"is not a distinct"),
     (lambda m: T(m)["key"].update(extra=1), r"is not a Triton key"),
     (lambda m: T(m).update(variant="other"), r"variant = 'other'"),
-    (lambda m: T(m).update(kernel="vllm.m:missing"), r"does not list"),
+    # an entry of a kernel the index does not list lies in a section no kernel points to: a hole in the layout
+    (lambda m: T(m).update(kernel="vllm.m:missing"), r"blobs and sections end at"),
     (lambda m: T(m).update(blob="f" * 64), r"names a blob ffffffffffff"),
     (lambda m: T(m).update(blob="F" * 64), r"not a lowercase sha256"),
     (lambda m: m["entries"].append(copy.deepcopy(T(m))), r"has two exact entries"),
@@ -163,7 +152,7 @@ L = lambda m: m["entries"][1]  # noqa: E731  the TileLang entry
                                          ["fp32", None]], "options": []}), r"non-finite"),
     (lambda m: m["target"].update(capability=True), r"capability has type bool"),
     (lambda m: m["producer"].update(nojit="0.1\0"), r"NUL"),
-    (lambda m: m.update(format=2), r"bundle format 2"),
+    (lambda m: m.update(format=3), r"bundle format 3"),
 ])
 def test_each_schema_guard(tmp_path, edit, match):
     m = _edit(edit)
@@ -181,23 +170,15 @@ def _raw(manifest: dict, blobs: dict) -> bytes:
     return seal(manifest, blobs)
 
 
-def _reseal(data: bytes, raw_json: bytes, moff: int | None = None, declared: int | None = None) -> bytes:
-    moff = struct.unpack_from("<Q", data, 16)[0] if moff is None else moff
-    comp = zstandard.ZstdCompressor(write_content_size=True).compress(raw_json)
-    header = Header(1, 0, moff, len(comp), declared or len(raw_json), hashlib.sha256(comp).digest())
-    return header.pack() + data[HEADER.size:moff] + comp
-
-
-def _manifest_json(data: bytes) -> bytes:
-    moff, mlen = struct.unpack_from("<QQ", data, 16)
-    return zstandard.ZstdDecompressor().decompress(data[moff:moff + mlen])
+_reseal = with_index  # the file with its index replaced (digest right)
+_manifest_json = index_json
 
 
 def test_duplicate_json_keys_and_trailing_json_are_refused(tmp_path):
     m, blobs = valid()
     data = _raw(m, blobs)
     raw = _manifest_json(data)
-    dup = raw.replace(b'"format": 1', b'"format": 1, "format": 1', 1)
+    dup = raw.replace(b'"format": 2', b'"format": 2, "format": 2', 1)
     assert dup != raw
     with pytest.raises(BundleCorruptError, match="'format' appears twice"):
         Bundle.open(write(tmp_path, _reseal(data, dup)))
@@ -208,7 +189,7 @@ def test_duplicate_json_keys_and_trailing_json_are_refused(tmp_path):
 def test_layout_trailing_bytes_gaps_and_blobs_past_the_end(tmp_path):
     m, blobs = valid()
     data = _raw(m, blobs)
-    with pytest.raises(BundleCorruptError, match="bytes follow the manifest"):
+    with pytest.raises(BundleCorruptError, match="bytes follow the index"):
         Bundle.open(write(tmp_path, data + b"\0"))
     man = json.loads(_manifest_json(data))
     first = min(man["blobs"].values(), key=lambda r: r["offset"])
@@ -222,21 +203,23 @@ def test_layout_trailing_bytes_gaps_and_blobs_past_the_end(tmp_path):
     with pytest.raises(BundleCorruptError, match="runs past the end of the file"):
         Bundle.open(write(tmp_path, _reseal(data, json.dumps(man).encode())))
     man = json.loads(_manifest_json(data))
-    last["length"] = 1
     last = max(man["blobs"].values(), key=lambda r: r["offset"])
     last["length"] -= 1
-    with pytest.raises(BundleCorruptError, match="blobs end at"):
+    with pytest.raises(BundleCorruptError, match="section of kernel .* expected at"):
+        Bundle.open(write(tmp_path, _reseal(data, json.dumps(man).encode())))
+    man = json.loads(_manifest_json(data))
+    last = max((k["section"] for k in man["kernels"].values()), key=lambda r: r["offset"])
+    last["length"] -= 1
+    with pytest.raises(BundleCorruptError, match="blobs and sections end at"):
         Bundle.open(write(tmp_path, _reseal(data, json.dumps(man).encode())))
 
 
 def _blob_bundle(tmp_path, frame: bytes, sha: str, size: int) -> str:
-    man = {"format": 1, "producer": {"nojit": "0", "python": "3"}, "target": {"backend": "cuda", "capability": 90,
-           "arch": "sm_90a", "warp_size": 32}, "deployment": {}, "kernels": {}, "entries": [],
+    man = {"format": FORMAT_VERSION, "producer": {"nojit": "0", "python": "3"}, "target": {"backend": "cuda",
+           "capability": 90, "arch": "sm_90a", "warp_size": 32}, "deployment": {}, "kernels": {},
            "blobs": {sha: {"offset": HEADER.size, "length": len(frame), "size": size}}}
-    raw = json.dumps(man).encode()
-    comp = zstandard.ZstdCompressor().compress(raw)
-    header = Header(1, 0, HEADER.size + len(frame), len(comp), len(raw), hashlib.sha256(comp).digest())
-    return write(tmp_path, header.pack() + frame + comp)
+    return write(tmp_path, with_index(b"\0" * HEADER.size + frame, json.dumps(man).encode(),
+                                      offset=HEADER.size + len(frame)))
 
 
 @pytest.mark.parametrize("case, match", [
@@ -284,9 +267,9 @@ def test_blob_and_manifest_size_caps(tmp_path):
     # a frame far longer than its content could ever need is refused before it is hashed or inflated
     raw = _manifest_json(data)
     padded = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(raw)
-    header = Header(1, 0, struct.unpack_from("<Q", data, 16)[0], len(padded) + (1 << 20), len(raw), b"\0" * 32)
+    header = Header(FORMAT_VERSION, 0, index_offset(data), len(padded) + (1 << 20), len(raw), b"\0" * 32)
     with pytest.raises(BundleCorruptError):
-        Bundle.open(write(tmp_path, header.pack() + data[HEADER.size:header.manifest_offset] + padded + b"\0" * (1 << 20)))
+        Bundle.open(write(tmp_path, header.pack() + data[HEADER.size:header.index_offset] + padded + b"\0" * (1 << 20)))
 
 
 def test_pinned_digest(tmp_path):

@@ -147,7 +147,7 @@ def child_reader(a: argparse.Namespace) -> dict:
         else:
             b = Bundle.open(a.bundle)  # each open sees one whole file: the old one or the new one
             reads += b.verify()
-            manifest = b.header.manifest_sha256.hex()[:16]
+            manifest = b.header.index_sha256.hex()[:16]
             seen[manifest] = seen.get(manifest, 0) + 1
             b.close()
             opens += 1

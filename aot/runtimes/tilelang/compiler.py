@@ -191,6 +191,13 @@ def _nvcc_at_fixed_path(workdir: str, lineinfo: bool) -> Iterator[list[_NvccRun]
         nvcc.compile_cuda = original
 
 
+def nvcc_version() -> str:
+    """The version of the nvcc TileLang compiles with (what the compile record says), found as TileLang finds it."""
+    from tilelang.contrib.nvcc import get_nvcc_compiler
+
+    return _nvcc_version(get_nvcc_compiler())
+
+
 @functools.cache
 def _nvcc_version(nvcc_path: str) -> str:
     out = subprocess.run([nvcc_path, "--version"], capture_output=True, text=True, check=True).stdout

@@ -14,13 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nojit.aot.compile_cache import launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.aot.runtimes.tilelang.compiler import compile_variant
 from nojit.aot.runtimes.tilelang.enumeration import Register, TileLangCall, enumerate_mhc_variants, kernel_module, resolve
+from nojit.loader.manifest import TileLangLaunch
 from nojit.loader.tilelang_key import key_to_json, source_hash
+from nojit.loader.versions import installed_version
 
 NAME = "tilelang"
 
@@ -114,5 +117,43 @@ def recorded_inputs(kernel: str, key_json: dict[str, Any]) -> dict[str, Any]:
                         "defaults": []}}
 
 
+def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
+    """What one mHC variant's cubin and launch plan depend on (aot/compile_cache.py): the kernel's source digest
+    and its module file's (helpers and TileLang settings live there), the call (minus who declared it), the
+    TileLang, nvcc and vLLM (its TileLang pass configs) that compile it, the target, and nojit's compile code."""
+    import tilelang
+
+    from nojit.aot.compile_cache import file_sha256
+    from nojit.aot.runtimes.tilelang import compiler
+
+    call = {k: v for k, v in request.compile_inputs["variant"].items() if k != "owner"}
+    return {
+        "runtime": NAME,
+        "kernel": request.kernel,
+        "source_hash": kernel.source_hash,
+        "module_sha256": file_sha256(_module_file(request.kernel)),
+        "key": request.key,
+        "call": call,
+        "tilelang": tilelang.__version__,
+        "nvcc": compiler.nvcc_version(),
+        "vllm": installed_version("vllm"),
+        "target": compiler.TILELANG_TARGET,
+        "compiler": file_sha256(compiler.__file__),
+    }
+
+
+def _module_file(kernel_id: str) -> str:
+    """The source file of the kernel's module, found without importing it (a --from-plan build's parent has
+    no deployment platform installed, which vLLM's mHC module needs at import)."""
+    import importlib.util
+
+    package, *rest = kernel_id.partition(":")[0].split(".")
+    spec = importlib.util.find_spec(package)  # a top-level package: located, not imported
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError(f"{kernel_id}: package {package} is not installed", fix="install the vLLM the plan names")
+    return os.path.join(list(spec.submodule_search_locations)[0], *rest[:-1], rest[-1] + ".py")
+
+
 RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
-                  recorded_inputs=recorded_inputs)
+                  recorded_inputs=recorded_inputs, cache_inputs=cache_inputs,
+                  launch_from_json=launch_reader(TileLangLaunch))

@@ -8,12 +8,16 @@ because only Triton's keys carry the divisibility marks they relax.
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
+from nojit.aot.compile_cache import launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
-from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver
+from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver, ptxas_version
+from nojit.aot.target import TARGET
 from nojit.aot.runtimes.triton.enumeration import (
     TritonRequest,
     dedupe,
@@ -24,6 +28,8 @@ from nojit.aot.runtimes.triton.enumeration import (
 from nojit.aot.runtimes.triton.rows import TritonTables
 from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
 from nojit.loader.install import jit_function_of
+from nojit.loader.manifest import TritonLaunch
+from nojit.loader.versions import installed_version
 from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params
 
 NAME = "triton"
@@ -92,5 +98,40 @@ def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, se
                          tools={"ptxas": compiled.ptxas_version})
 
 
+def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
+    """What one key's cubin and launch depend on (aot/compile_cache.py): the kernel's source digest (Triton's
+    cache_key: its source and its dependencies'), the key (specialization and options), exact or generic, the
+    Triton and ptxas that compile it, the target, and nojit's compile code."""
+    return {
+        "runtime": NAME,
+        "kernel": request.kernel,
+        "source_hash": kernel.source_hash,
+        "key": request.key,
+        "variant": request.variant,
+        "triton": installed_version("triton"),
+        "ptxas": ptxas_version(),
+        "target": TARGET.to_json(),
+        "compiler": _compiler_code(),
+        "env": _compile_env(),
+    }
+
+
+def _compile_env() -> dict[str, str]:
+    """The environment variables Triton itself says change a compile (its own cache key takes them)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return {str(k): str(v) for k, v in sorted(get_cache_invalidating_env_vars().items())}
+
+
+@functools.cache
+def _compiler_code() -> str:
+    from nojit.aot.compile_cache import file_sha256
+    from nojit.aot.runtimes.triton import compiler
+    from nojit.loader import triton_key
+
+    return ",".join(file_sha256(m.__file__) for m in (compiler, triton_key))
+
+
 RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
-                  add_generic=add_generic_variants, use_source_map=use_source_map_hashes)
+                  add_generic=add_generic_variants, use_source_map=use_source_map_hashes,
+                  cache_inputs=cache_inputs, launch_from_json=launch_reader(TritonLaunch))
