@@ -14,11 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from nojit.aot.compile_cache import launch_reader
+from nojit.aot.compile_cache import file_sha256, launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
+from nojit.aot.runtimes.tilelang import compiler
 from nojit.aot.runtimes.tilelang.compiler import compile_variant
 from nojit.aot.runtimes.tilelang.enumeration import Register, TileLangCall, enumerate_mhc_variants, kernel_module, resolve
 from nojit.loader.manifest import TileLangLaunch
@@ -122,9 +123,6 @@ def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
     and its module file's (helpers and TileLang settings live there), the call (minus who declared it), the
     TileLang, nvcc and vLLM (its TileLang pass configs) that compile it, the target, and nojit's compile code."""
     import tilelang
-
-    from nojit.aot.compile_cache import file_sha256
-    from nojit.aot.runtimes.tilelang import compiler
 
     call = {k: v for k, v in request.compile_inputs["variant"].items() if k != "owner"}
     return {

@@ -12,10 +12,11 @@ import functools
 import os
 from typing import Any
 
-from nojit.aot.compile_cache import launch_reader
+from nojit.aot.compile_cache import file_sha256, launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
+from nojit.aot.runtimes.triton import compiler as compiler_module
 from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver, ptxas_version
 from nojit.aot.target import TARGET
 from nojit.aot.runtimes.triton.enumeration import (
@@ -125,11 +126,9 @@ def _compile_env() -> dict[str, str]:
 
 @functools.cache
 def _compiler_code() -> str:
-    from nojit.aot.compile_cache import file_sha256
-    from nojit.aot.runtimes.triton import compiler
     from nojit.loader import triton_key
 
-    return ",".join(file_sha256(m.__file__) for m in (compiler, triton_key))
+    return ",".join(file_sha256(m.__file__) for m in (compiler_module, triton_key))
 
 
 RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
