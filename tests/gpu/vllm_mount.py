@@ -237,6 +237,10 @@ class VllmFinder(importlib.abc.MetaPathFinder):
             spec.submodule_search_locations = []
             return spec
         rel = os.path.join(self.base, *name.split(".")[1:])
+        if name in STUB_PACKAGES and not os.path.isdir(rel):  # no carried submodule: the stand-in __init__ alone
+            spec = importlib.machinery.ModuleSpec(name, _StubLoader(_stub_any), is_package=True)
+            spec.submodule_search_locations = [rel]
+            return spec
         if os.path.isdir(rel):
             init = os.path.join(rel, "__init__.py")
             if name in EMPTY_PACKAGES or name in STUB_PACKAGES or not os.path.isfile(init):
