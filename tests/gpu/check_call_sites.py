@@ -318,7 +318,9 @@ def child(args: argparse.Namespace) -> None:
         from nojit.loader.install import install
 
         bundle = Bundle.open(args.bundle)
-        mounted = {k for k in bundle.manifest.kernels if k.partition(":")[0] in sys.modules}
+        # kernels of the carried vLLM modules only: a stand-in module (vllm_mount STUBS) has no file and no kernel
+        mounted = {k for k in bundle.index.kernels
+                   if getattr(sys.modules.get(k.partition(":")[0]), "__file__", None)}
         # The device bundle is built from kernels extracted from vLLM (tools/prepare_device.py); here the kernels are
         # vLLM's verbatim modules, whose Triton cache_key can differ from the extracted copy's (it hashes globals and
         # callees as the module sees them). Served anyway, every difference printed; bit identity with the JIT of the
