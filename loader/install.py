@@ -100,7 +100,7 @@ def _is_installed_file(package: str, origin: str) -> bool:
         root, record = "", ""
         try:
             dist = _distribution(package)
-            root = os.path.realpath(str(dist.locate_file("")))
+            root = os.path.abspath(str(dist.locate_file("")))
             record = dist.read_text("RECORD") or ""
         except importlib.metadata.PackageNotFoundError:
             pass
@@ -112,7 +112,10 @@ def _is_installed_file(package: str, origin: str) -> bool:
     path = os.path.realpath(origin)
     if not path.endswith(".py"):
         return False
-    if root and os.path.relpath(path, root) in listed:
+    # RECORD names files relative to the folder holding the dist-info, as the import system finds them there: a
+    # layered image may link the package folder in from elsewhere, so compare the unresolved paths, then resolved
+    if root and (os.path.relpath(os.path.abspath(origin), root) in listed
+                 or os.path.relpath(path, os.path.realpath(root)) in listed):
         return True
     has_modules = any(p.endswith("/__init__.py") for p in listed)
     return not has_modules and any(path.startswith(d + os.sep) for d in dirs)

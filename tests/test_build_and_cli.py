@@ -41,7 +41,9 @@ def test_inspect_prints_kernels_keys_and_versions(small_build):
     assert "verified" in out and "sm_90a" in out and "triton 3.8.0" in out and "vllm 0.33.0" in out
     assert "ComputePrefillMetadataKernel.kernel" in out and "[exact, registry:" in out
     manifest = json.loads(run_cli("inspect", small_build["bundle"], "--json").stdout)
-    assert manifest["format"] == 1
+    from nojit.loader.manifest import FORMAT_VERSION
+
+    assert manifest["format"] == FORMAT_VERSION == 2
 
 
 def test_inspect_of_a_damaged_file_is_one_clear_line(tmp_path):

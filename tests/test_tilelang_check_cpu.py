@@ -273,4 +273,6 @@ def test_dry_run_refuses_a_changed_kernel_source(tl_small, tmp_path):
     text = path.read_text()
     path.write_text(text.replace("    # rename for shorter code\n", "    # renamed for shorter code\n", 1))
     p, report = _dry_run({**tl_small, "src": str(src)}, "--kernels", "mhc_post")
-    assert p.returncode == 1 and "source changed" in p.stdout, p.stdout[-3000:]
+    # refused where the loader first meets the kernel (install or its first call), by the typed source check
+    said = p.stdout + p.stderr
+    assert p.returncode == 1 and "source changed" in said and "mhc_post" in said, said[-3000:]
