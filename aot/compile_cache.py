@@ -23,11 +23,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nojit.aot.bundle_writer import atomic_file
 from nojit.aot.faces import CompileResult
 
 SCHEMA = 1  # of the entry files; part of every digest
@@ -82,24 +82,10 @@ class ArtifactCache:
     def put(self, inputs: dict[str, Any], meta: dict[str, Any], payload: bytes) -> None:
         digest = digest_of(inputs)
         path = self._path(digest)
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
         head = canonical({"schema": SCHEMA, "inputs": inputs, "meta": meta, "length": len(payload),
                           "sha256": hashlib.sha256(payload).hexdigest()})
-        fd, tmp = tempfile.mkstemp(prefix=f".{digest[:16]}-", suffix=".partial", dir=folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(head + b"\n" + payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        with atomic_file(path) as f:  # parallel writers of one digest: the last rename wins, every copy is whole
+            f.write(head + b"\n" + payload)
         self.stored += 1
 
 
