@@ -23,7 +23,6 @@ how to add it), and records it in record mode before FlashInfer builds it.
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
@@ -324,41 +323,12 @@ def _answer_cuda_version(cpp_ext: Any) -> None:
         context._nvcc_supports_sm107 = lambda: supports_sm107
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches FlashInfer's build path when flashinfer.jit.core finishes loading (it loads after install)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != CORE or _watch["patched"]:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        run = getattr(loader, "exec_module", None)
-        if run is None:
-            return spec
-
-        def exec_then_patch(module: Any) -> None:
-            run(module)
-            sys.modules.setdefault(fullname, module)
-            _patch_core()
-
-        try:
-            loader.exec_module = exec_then_patch
-        except AttributeError:
-            return spec
-        return spec
-
-
 def watch_builds(policy: Any) -> None:
     _watch["policy"] = policy
     if CORE in sys.modules:
         _patch_core()
     elif not _watch["hook"]:
-        sys.meta_path.insert(0, _PatchOnImport())
+        from nojit.loader.guards import RunAfterImport  # patches FlashInfer's build path when jit.core loads
+
+        sys.meta_path.insert(0, RunAfterImport(lambda name: name == CORE and not _watch["patched"], _patch_core))
         _watch["hook"] = True

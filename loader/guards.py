@@ -159,11 +159,16 @@ def install_strict_guards() -> None:
             _state["hook"] = True
 
 
-class _GuardOnImport(importlib.abc.MetaPathFinder):
-    """Applies the strict guards when Triton/TileLang/CuTeDSL/Humming is imported after install."""
+class RunAfterImport(importlib.abc.MetaPathFinder):
+    """Calls `after()` once a module that `wants(name)` has finished executing (libraries imported after install):
+    finds the module's spec with the other finders and wraps that spec's loader's exec_module."""
+
+    def __init__(self, wants: Callable[[str], bool], after: Callable[[], None]) -> None:
+        self.wants = wants
+        self.after = after
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname not in _LIBRARY_GUARDS or not _state["active"]:
+        if not self.wants(fullname):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -177,17 +182,25 @@ class _GuardOnImport(importlib.abc.MetaPathFinder):
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         run = loader.exec_module
+        after = self.after
 
-        def exec_then_guard(module: Any) -> None:
+        def exec_then_after(module: Any) -> None:
             run(module)
             sys.modules.setdefault(fullname, module)
-            install_strict_guards()
+            after()
 
         try:
-            loader.exec_module = exec_then_guard  # per-spec loader object (SourceFileLoader etc.)
+            loader.exec_module = exec_then_after  # per-spec loader object (SourceFileLoader etc.)
         except AttributeError:
             return spec
         return spec
+
+
+class _GuardOnImport(RunAfterImport):
+    """Applies the strict guards when Triton/TileLang/CuTeDSL/Humming is imported after install."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda name: name in _LIBRARY_GUARDS and _state["active"], install_strict_guards)
 
 
 _restore: list[tuple[Any, str, Any]] = []
