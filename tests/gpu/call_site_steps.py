@@ -58,7 +58,21 @@ CALL_SITE_MODULES = (
     "vllm.v1.kv_cache_interface",
     "vllm.v1.worker.utils",
     "vllm.models.deepseek_v4.attention",
+    # DeepSeek-V4's SWA metadata builder (its Triton kernels run once per step, shared by every layer)
+    "vllm.v1.attention.backend",
+    "vllm.v1.attention.backends.mla.sparse_swa",
+    # MTP 1 on the V2 runner: its input preparation, the rejection sampler, the MTP speculator and its model's norms
+    "vllm.v1.worker.gpu.input_batch",
+    "vllm.v1.worker.gpu.states",
+    "vllm.v1.worker.gpu.sample.sampler",
+    "vllm.v1.worker.gpu.sample.logits_processor.interface",
+    "vllm.v1.worker.gpu.spec_decode.rejection_sampler",
+    "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator",
+    "vllm.models.deepseek_v4.common.ops.fused_mtp_input_rmsnorm",
 )
+# Short names that would collide (the key of _m is the module's last name otherwise).
+SHORT_NAMES = {"vllm.v1.worker.gpu.states": "req_states", "vllm.v1.worker.gpu.sample.logits_processor.interface":
+               "lp_interface", "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator": "speculator"}
 
 _m: dict[str, Any] = {}
 # kernel qualname -> tensors it writes through a table of device addresses (set by check_call_sites:
@@ -80,7 +94,7 @@ def _site(name: str, call: Any) -> dict[str, torch.Tensor]:
 def import_call_sites() -> list[Any]:
     """Import every call-site module (from the mounted vLLM copy) and return them."""
     for name in CALL_SITE_MODULES:
-        _m[name.rpartition(".")[2]] = importlib.import_module(name)
+        _m[SHORT_NAMES.get(name, name.rpartition(".")[2])] = importlib.import_module(name)
     return list(_m.values())
 
 
@@ -361,6 +375,211 @@ def indexer_decode_pack(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     return {"packed": packed, "unpacked": unpacked}
 
 
+def swa_metadata(batch: Batch, seed: int, meta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DeepseekSparseSWAMetadataBuilder.build (v1/attention/backends/mla/sparse_swa.py:581), once per step for every
+    layer: token -> request map (CommonAttentionMetadata.token_to_req_indices, backend.py:496), decode SWA indices
+    (sparse_swa.py:668), prefill SWA indices (:715) and the prefill gather lengths (ComputePrefillMetadata, :973),
+    on vLLM's own CommonAttentionMetadata with the runner's SWA-group block table and slot mapping (block 64).
+
+    The builder is called unbound on a stand-in holding what its __init__ (sparse_swa.py:452-540) sets for the
+    default deployment: window 128, no image tokens, no DSpark, decode threshold 1 + k (backend.py:572), and
+    buffers of max_num_batched_tokens rows. Its FlashMLA tile-scheduler plan (a C++ op, not Triton) is left out:
+    no layer type is listed, so build_tile_scheduler returns its empty plan (sparse_swa.py:903-935)."""
+    dev = batch.device
+    swa, backend = _m["sparse_swa"], _m["backend"]
+    T, n = batch.num_tokens, batch.num_reqs
+    qsl, seq_lens = batch.query_start_loc(), batch.seq_lens()
+    spec = types.SimpleNamespace(speculative_config=types.SimpleNamespace(num_speculative_tokens=1,
+                                                                          parallel_drafting=False),
+                                 use_v2_model_runner=True)
+    threshold = backend.max_decode_query_len(spec)
+    is_decode = [q <= threshold for q in batch.scheduled]
+    if is_decode != sorted(is_decode, reverse=True):
+        raise ValueError("the batch must be ordered decodes first, as vLLM's scheduler hands it to the builders")
+    zeros = lambda *shape, dtype=torch.int32: torch.zeros(shape, dtype=dtype, device=dev)
+    builder = types.SimpleNamespace(
+        decode_threshold=threshold, window_size=WINDOW, block_size=BLOCK_SIZES[1],
+        max_image_tokens=0, prefill_index_width=WINDOW, is_dspark=False, noncausal_index_width=0,
+        decode_swa_indices_noncausal=None, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=MAX_BATCHED,
+        _layer_types=set(), token_to_req_indices=zeros(MAX_BATCHED), is_valid_token=zeros(MAX_BATCHED, dtype=torch.bool),
+        decode_swa_indices=zeros(MAX_BATCHED, 1, WINDOW), decode_swa_lens=zeros(MAX_BATCHED),
+        prefill_swa_indices=zeros(MAX_BATCHED, 1, WINDOW), prefill_swa_lens=zeros(MAX_BATCHED),
+        no_replay_start=zeros(MAX_NUM_REQS + 1))
+    cls = swa.DeepseekSparseSWAMetadataBuilder
+    for name in ("_build_deepseek_v4_metadata", "build_tile_scheduler"):
+        setattr(builder, name, types.MethodType(getattr(cls, name), builder))
+    common = backend.CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl.cpu(), seq_lens=seq_lens, num_reqs=n, num_actual_tokens=T,
+        max_query_len=max(batch.scheduled), max_seq_len=int(seq_lens.max()), block_table_tensor=meta["block_table_1"],
+        slot_mapping=meta["slot_mappings"][1][:T], seq_lens_cpu_upper_bound=seq_lens.cpu())
+    md = cls.build(builder, 0, common)
+    out = {f"swa_{k}": v for k, v in vars(md).items() if isinstance(v, torch.Tensor)}
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# MTP 1 on the V2 runner: verify the drafts of the previous step, then draft the next token
+#
+# A request of a verification step: (prompt length, tokens computed before the step, tokens scheduled, drafts).
+# A decode with MTP 1 schedules 2 tokens (its last sampled token and its draft); a prefill chunk schedules part of
+# its prompt and has no draft. Requests are listed decodes first, as the scheduler orders them.
+VERIFY_EVERY_OPTION = [(30, 39, 2, 1), (250, 302, 2, 1), (1000, 1101, 2, 1), (40, 46, 2, 1)]
+VERIFY_WITH_PREFILLS = [(20, 37, 2, 1), (200, 300, 2, 1), (900, 1100, 2, 1), (30, 45, 2, 1), (3000, 4000, 2, 1),
+                        (60, 77, 2, 1), (100, 129, 2, 1), (30, 0, 9, 0), (31, 0, 31, 0)]
+
+
+def _greedy_or_options(row: int) -> Params:
+    """Every third request greedy (temperature 0), the others random with every option on, top-k and top-p too."""
+    p = _every_option(row)
+    if row % 3 == 0:
+        p.temperature = 0.0
+    else:
+        p.top_k, p.top_p = 20 + 30 * row, 0.9
+    return p
+
+
+def _greedy_or_plain(row: int) -> Params:
+    """Greedy and plain random requests (temperature 1, nothing else): no request needs its logits processed, so
+    the rejection sampler verifies on the raw bf16 logits (sampler.py:239)."""
+    return Params(temperature=0.0 if row % 2 else 1.0, top_k=0, top_p=1.0, min_p=0.0,
+                  logprobs=3 if row % 3 == 0 else None)
+
+
+def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: int,
+                     params_for: Any) -> dict[str, torch.Tensor]:
+    """One MTP-1 step of the V2 runner after the target model's forward, through vLLM's own code:
+    prepare_inputs (gpu/model_runner.py:1388-1524: expand_idx_mapping, prepare_prefill_inputs for prefill chunks,
+    prepare_pos_seq_lens, combine_sampled_and_draft_tokens), RejectionSampler.__call__ (model_runner.py:1688;
+    gather_draft_sampled, the sampler's apply_sampling_params, rejection_sample, logprobs, get_num_sampled_and_
+    rejected), post_update (model_runner.py:1735), then the MTP speculator's propose (model_runner.py:2308): its
+    prepare_prefill_inputs (target_dependent_ar/speculator.py:226), the MTP layer's fused input RMSNorm and shared-head
+    RMSNorm (models/deepseek_v4/nvidia/mtp.py:166, 294) and the greedy draft (argmax, spec_decode/speculator.py:479;
+    with k = 1 propose returns after the draft prefill, target_dependent_ar/speculator.py:297).
+
+    Request state is vLLM's RequestState, filled as the runner fills it (add_request, then the tokens a decode has
+    already sampled); the previous step's drafts sit in req_states.draft_tokens. The target logits are unit-scale
+    bf16 with every other decode's draft made the argmax of its verification row, so drafts are accepted (bonus
+    token sampled) and rejected (a recovered token resampled) in the same step."""
+    dev = torch.device(device)
+    g = _gen(device, seed + 9)
+    cpu = torch.Generator().manual_seed(seed)
+    rs_mod, ib = _m["req_states"], _m["input_batch"]
+    rs = rs_mod.RequestState(MAX_NUM_REQS, MAX_MODEL_LEN, MAX_BATCHED, 1, VOCAB, dev)
+    slots: list[int] = []
+    for i, (prompt, computed, _scheduled, drafts) in enumerate(reqs):
+        tokens = torch.randint(0, VOCAB, (max(prompt, computed + 1),), generator=cpu).tolist()
+        rs.add_request(f"req-{i}", prompt, tokens[:prompt], 0, 512)  # states.py:91, as a new request
+        slot = rs.req_id_to_index[f"req-{i}"]
+        if computed:  # decoding: its outputs so far (post_update's writes of earlier steps), last one not yet computed
+            rs.all_token_ids.stage_write(slot, prompt, tokens[prompt:computed + 1])
+            rs.total_len.stage_write_elem(slot, computed + 1)
+            rs.num_computed_tokens.stage_write_elem(slot, computed)
+            rs.num_computed_tokens_np[slot] = computed
+            rs.last_sampled_tokens[slot, 0] = tokens[computed]
+            rs.draft_tokens[slot, :drafts] = torch.randint(0, VOCAB, (drafts,), generator=cpu).to(dev)
+        slots.append(slot)
+    rs.apply_staged_writes()
+    setup = _sampling_setup(slots, device, seed, params_for)
+    out: dict[str, torch.Tensor] = {}
+
+    # prepare_inputs
+    n = len(reqs)
+    scheduled = np.array([r[2] for r in reqs], dtype=np.int32)
+    num_logits_np = np.array([r[3] for r in reqs], dtype=np.int32) + 1
+    T, total_logits = int(scheduled.sum()), int(num_logits_np.sum())
+    idx_mapping_np = np.array(slots, dtype=np.int64)
+    idx_mapping = torch.tensor(idx_mapping_np, device=dev)
+    cu_np = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(num_logits_np, out=cu_np[1:])
+    cu_num_logits = torch.tensor(cu_np, device=dev)
+    buffers = ib.InputBuffers(MAX_NUM_REQS, MAX_BATCHED, dev)
+    qsl_np = np.full(MAX_NUM_REQS + 1, T, dtype=np.int32)
+    qsl_np[0] = 0
+    np.cumsum(scheduled, out=qsl_np[1:n + 1])
+    buffers.query_start_loc.copy_(torch.tensor(qsl_np))
+    query_start_loc = buffers.query_start_loc[:n + 1]
+    expanded_idx_mapping, expanded_local_pos = ib.expand_idx_mapping(idx_mapping, total_logits, cu_num_logits, 2)
+    if any(r[1] < r[0] for r in reqs):  # model_runner.py:1487 (batch_req_state.has_prefill)
+        ib.prepare_prefill_inputs(buffers.input_ids, rs.next_prefill_tokens, idx_mapping, query_start_loc,
+                                  rs.all_token_ids.gpu, rs.prefill_len.gpu, rs.num_computed_tokens.gpu)
+    ib.prepare_pos_seq_lens(idx_mapping, query_start_loc, rs.num_computed_tokens.gpu, buffers.positions,
+                            buffers.seq_lens)
+    seq_lens = buffers.seq_lens[:n]
+    logits_indices = ib.combine_sampled_and_draft_tokens(
+        buffers.input_ids, idx_mapping, rs.last_sampled_tokens, query_start_loc, seq_lens, rs.prefill_len.gpu,
+        rs.draft_tokens, cu_num_logits, total_logits, 1)
+    upper = torch.tensor([r[1] + r[2] for r in reqs], dtype=torch.int32)
+    batch = types.SimpleNamespace(  # the InputBatch fields RejectionSampler and the speculator read
+        num_reqs=n, num_tokens=T, input_ids=buffers.input_ids[:T], positions=buffers.positions[:T],
+        idx_mapping=idx_mapping, idx_mapping_np=idx_mapping_np, query_start_loc=query_start_loc, seq_lens=seq_lens,
+        logits_indices=logits_indices, expanded_idx_mapping=expanded_idx_mapping,
+        expanded_local_pos=expanded_local_pos, cu_num_logits=cu_num_logits, cu_num_logits_np=cu_np,
+        seq_lens_cpu_upper_bound=upper)
+    out.update(input_ids=batch.input_ids, positions=batch.positions, seq_lens=seq_lens, logits_indices=logits_indices,
+               expanded_idx_mapping=expanded_idx_mapping, expanded_local_pos=expanded_local_pos)
+
+    # The target model's logits rows (bf16, compute_logits) and the rejection sampler.
+    logits = _randn((total_logits, VOCAB), torch.bfloat16, g, device)
+    for r, (prompt, computed, _s, drafts) in enumerate(reqs):
+        if drafts and r % 2 == 0:  # the verification row of the draft ranks it first: accepted
+            logits[int(cu_np[r]), int(rs.draft_tokens[slots[r], 0])] = 8.0
+    sampler = types.SimpleNamespace(
+        sampling_states=setup["states"], req_states=rs, use_fp64_gumbel=False, logprobs_mode="raw_logprobs",
+        return_sampling_mask=False, compute_nans=False, needs_logits_processing=setup["needs"],
+        # the native logits processors (sampler.py:71-76) with their state; thinking budget: no request sets one
+        logits_processors=[types.SimpleNamespace(apply=lambda lg, ctx: _apply_processors(
+            lg, ctx.expanded_idx_mapping, ctx.pos, ctx.input_ids, ctx.expanded_local_pos, setup) or lg)],
+        thinking_budget_state=types.SimpleNamespace(apply=lambda lg, ctx: None))
+    sampler.apply_sampling_params = types.MethodType(_m["sampler"].Sampler.apply_sampling_params, sampler)
+    spec_config = types.SimpleNamespace(  # SpeculativeConfig defaults (config/speculative.py:562-660), MTP 1
+        num_speculative_tokens=1, enable_adaptive_verification=False, rejection_sample_method="standard",
+        fly_entropy_threshold=0.3, fly_entropy_top_k=3, fly_window_size=None, synthetic_acceptance_rates=None)
+    rejection = _m["rejection_sampler"].RejectionSampler(sampler, spec_config, dev)
+    result = rejection(logits, batch, None, None)  # draft logits: None (greedy MTP drafts, speculator.py:479)
+    out.update(sampled=result.sampled_token_ids, num_sampled=result.num_sampled, num_rejected=result.num_rejected)
+    if result.logprobs_tensors is not None:
+        out.update(logprob_token_ids=result.logprobs_tensors.logprob_token_ids,
+                   logprobs=result.logprobs_tensors.logprobs)
+
+    # postprocess_sampled (model_runner.py:1720-1745): the penalties state's output counts, as the runner passes them
+    ib.post_update(idx_mapping, rs.num_computed_tokens.gpu, rs.last_sampled_tokens, setup["output_bin_counts"],
+                   result.sampled_token_ids, result.num_sampled, result.num_rejected, query_start_loc,
+                   rs.all_token_ids.gpu, rs.total_len.gpu, None, rs.draft_tokens)
+    out.update(num_computed=rs.num_computed_tokens.gpu, last_sampled=rs.last_sampled_tokens,
+               total_len=rs.total_len.gpu)
+
+    # The MTP speculator's propose (target_dependent_ar/speculator.py:165-300) with its own buffers (:33-50).
+    sp = _m["speculator"]
+    draft_buffers = ib.InputBuffers(MAX_NUM_REQS, MAX_BATCHED, dev)
+    last_token_indices = torch.zeros(MAX_NUM_REQS, dtype=torch.int64, device=dev)
+    current_draft_step = torch.tensor(0, dtype=torch.int64, device=dev)
+    sp.prepare_prefill_inputs(last_token_indices, current_draft_step, draft_buffers, batch, result.num_sampled,
+                              result.num_rejected, rs.last_sampled_tokens, rs.next_prefill_tokens, MAX_NUM_REQS)
+    out.update(draft_input_ids=draft_buffers.input_ids[:T], draft_positions=draft_buffers.positions[:T],
+               last_token_indices=last_token_indices)
+    out.update(mtp_layer(draft_buffers.positions[:T], last_token_indices[:n], device, seed))
+    return out
+
+
+def mtp_layer(positions: torch.Tensor, last_token_indices: torch.Tensor, device: str,
+              seed: int) -> dict[str, torch.Tensor]:
+    """The MTP layer's Triton norms (models/deepseek_v4/nvidia/mtp.py): the fused input RMSNorm of the draft tokens'
+    embeddings and the target's pre-hc_head residual (hc_mult 4 x hidden 4096, :166), and the shared head's RMSNorm
+    of the rows the draft is sampled from (:294). Embeddings and hidden states are unit-scale bf16 stand-ins for the
+    layers in between (GEMMs, MoE, FlashMLA: not Triton)."""
+    g = _gen(device, seed + 11)
+    mtp = _m["fused_mtp_input_rmsnorm"]
+    T, hidden, hc = positions.shape[0], 4096, 4
+    embeds = _randn((T, hidden), torch.bfloat16, g, device)
+    previous = _randn((T, hc * hidden), torch.bfloat16, g, device).view(-1, hc, hidden)  # mtp.py:162
+    e_norm, h_norm = mtp._FUSED_MTP_INPUT_RMSNORM_KERNEL(
+        embeds, positions, previous, _randn((hidden,), torch.bfloat16, g, device),
+        _randn((hidden,), torch.bfloat16, g, device), 1e-6, hc)
+    head_in = _randn((T, hidden), torch.bfloat16, g, device)[last_token_indices].contiguous()
+    head = mtp._MTP_SHARED_HEAD_RMSNORM_KERNEL(head_in, _randn((hidden,), torch.bfloat16, g, device), 1e-6)
+    return {"mtp_enorm": e_norm, "mtp_hnorm": h_norm, "mtp_shared_head": head}
+
+
 # --------------------------------------------------------------------------------------------------
 # Sampler (V2): every option on, in the order of vLLM's Sampler (v1/worker/gpu/sample/sampler.py)
 
@@ -423,9 +642,9 @@ def _processors(idx_list: list[int], local_pos_list: list[int], device: str, see
     (logit bias, penalties, bad words: sampler.py:71-76, in that order), then temperature and min-p. Every option
     is chosen so that its kernel changes values: the model's raw logits are unit-scale bf16, min-p keeps about a
     quarter of the vocabulary per row, and nothing before top-k/top-p masks a whole row."""
-    g = _gen(device, seed + 3)
+    setup = _sampling_setup(list(dict.fromkeys(idx_list)), device, seed, _every_option)
+    g = setup["g"]
     T = len(idx_list)
-    n_slots = MAX_NUM_REQS
     idx = torch.tensor(idx_list, dtype=torch.int64, device=device)
     idx_np = idx.cpu().numpy()
     local_pos = torch.tensor(local_pos_list, dtype=torch.int32, device=device)
@@ -434,18 +653,41 @@ def _processors(idx_list: list[int], local_pos_list: list[int], device: str, see
     raw = _randn((T, VOCAB), torch.bfloat16, g, device)
     input_ids = torch.randint(0, VOCAB, (T,), generator=g, device=device, dtype=torch.int32)
     pos = torch.full((T,), 45, dtype=torch.int64, device=device)  # positions of the logits rows
+    logits = torch.empty_like(raw, dtype=torch.float32).copy_(raw)  # sampler.py:242
+    _apply_processors(logits, idx, pos, input_ids, local_pos, setup)
+    states = setup["states"]
+    states.apply_temperature(logits, idx, idx_np)  # sampler.py:263
+    states.apply_min_p(logits, idx, idx_np)  # sampler.py:268
+    state.update(logits=logits, raw=raw, idx=idx, idx_np=idx_np, pos=pos, g=g, states=states, params=setup["params"])
+    return {"logits_processed": logits.clone()}
 
-    # Per request slot: every option on, values varying by row; SamplingStates is vLLM's own. Requests carry no
-    # seed (the default): add_request draws one from numpy's global RNG (states.py:54), seeded here so that the
-    # JIT and the loader processes sample alike.
+
+def _every_option(row: int) -> Params:
+    """A request with every sampling option on, values varying by row."""
+    return Params(temperature=0.6 + 0.1 * (row % 5), top_k=0, top_p=1.0, min_p=0.002 * (1 + row % 3),
+                  repetition_penalty=1.1 + 0.05 * (row % 4), frequency_penalty=0.3 * (row % 3),
+                  presence_penalty=0.2 * (row % 2), logprobs=5 if row % 2 == 0 else 2)
+
+
+def _sampling_setup(slots: list[int], device: str, seed: int, params_for: Any) -> dict[str, Any]:
+    """The sampler's per-request state for the request slots: SamplingStates (vLLM's own) filled by add_request,
+    and the tensors of the logits processors' states (logit bias, penalties with the bincount their
+    apply_staged_writes launches, bad words), every option on for every slot."""
+    g = _gen(device, seed + 3)
+    n_slots = MAX_NUM_REQS
+    # Requests carry no seed (the default): add_request draws one from numpy's global RNG (states.py:54), seeded
+    # here so that the JIT and the loader processes sample alike.
     np.random.seed(seed % 2**32)
     states = _m["states"].SamplingStates(n_slots, VOCAB)
     params: dict[int, Params] = {}
-    for row, slot in enumerate(dict.fromkeys(idx_list)):
-        params[slot] = Params(temperature=0.6 + 0.1 * (row % 5), top_k=0, top_p=1.0, min_p=0.002 * (1 + row % 3),
-                              repetition_penalty=1.1 + 0.05 * (row % 4), frequency_penalty=0.3 * (row % 3),
-                              presence_penalty=0.2 * (row % 2), logprobs=5 if row % 2 == 0 else 2)
-        states.add_request(slot, params[slot])
+    needs = np.zeros(n_slots, dtype=bool)  # Sampler.needs_logits_processing (sampler.py:96-101)
+    for row, slot in enumerate(slots):
+        params[slot] = params_for(row)
+        p = params[slot]
+        # SamplingStates' answer or any logits processor's (sampler.py:96-101): penalties, with logit bias and bad
+        # words, are on for a request exactly when its params set a penalty (the plain requests set none)
+        needs[slot] = states.add_request(slot, p) or (p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+                                                      or p.presence_penalty != 0.0)
     states.apply_staged_writes()
 
     # Request state (states.py RequestState): token ids [max_num_reqs, max_model_len], prompt / prefill / total
@@ -454,56 +696,56 @@ def _processors(idx_list: list[int], local_pos_list: list[int], device: str, see
     all_token_ids = torch.randint(0, VOCAB, (n_slots, MAX_MODEL_LEN), generator=g, device=device, dtype=torch.int32)
     prompt_len = torch.full((n_slots,), 40, dtype=torch.int32, device=device)
     prefill_len = prompt_len.clone()
-    prefill_len[idx[::2]] = 52
+    slot_t = torch.tensor(slots, dtype=torch.int64, device=device)
+    prefill_len[slot_t[::2]] = 52
     total_len = prefill_len + 3
 
-    logits = torch.empty_like(raw, dtype=torch.float32).copy_(raw)  # sampler.py:242
-
-    # LogitBiasState.apply (logit_bias.py:131): logit_bias on every request (distinct token ids per row, as the
-    # dict it comes from), allowed_token_ids on one, min_tokens stop ids on the others until position 50.
+    # LogitBiasState (logit_bias.py:131): logit_bias on every request (distinct token ids per row, as the dict it
+    # comes from), allowed_token_ids on one, min_tokens stop ids on the others until position 50.
     lb = _m["logit_bias"]
     n_allowed, n_bias, n_stop = lb.MAX_NUM_ALLOWED_TOKEN_IDS, lb.MAX_NUM_LOGIT_BIAS_TOKENS, lb.MAX_NUM_STOP_TOKEN_IDS
-    slots = torch.arange(n_slots, device=device, dtype=torch.int32)[:, None]
-    distinct = lambda width, step: ((slots * 7919 + torch.arange(width, device=device, dtype=torch.int32) * step)
+    rows = torch.arange(n_slots, device=device, dtype=torch.int32)[:, None]
+    distinct = lambda width, step: ((rows * 7919 + torch.arange(width, device=device, dtype=torch.int32) * step)
                                     % VOCAB).to(torch.int32)
     num_allowed = torch.zeros(n_slots, dtype=torch.int32, device=device)
-    num_allowed[idx_list[0]] = 300
-    num_bias = torch.full((n_slots,), 16, dtype=torch.int32, device=device)
-    num_stop = torch.full((n_slots,), 3, dtype=torch.int32, device=device)
-    lb.apply_logit_bias(
-        logits, idx, pos, num_allowed, distinct(n_allowed, 89), num_bias, distinct(n_bias, 97),
-        torch.randn(n_slots, n_bias, generator=g, device=device) * 2,
-        torch.full((n_slots,), 50, dtype=torch.int32, device=device), num_stop,
-        torch.zeros(n_slots, dtype=torch.int32, device=device), distinct(n_stop, 101))
+    num_allowed[slots[0]] = 300
+    bias_args = (num_allowed, distinct(n_allowed, 89), torch.full((n_slots,), 16, dtype=torch.int32, device=device),
+                 distinct(n_bias, 97), torch.randn(n_slots, n_bias, generator=g, device=device) * 2,
+                 torch.full((n_slots,), 50, dtype=torch.int32, device=device),
+                 torch.full((n_slots,), 3, dtype=torch.int32, device=device),
+                 torch.zeros(n_slots, dtype=torch.int32, device=device), distinct(n_stop, 101))
 
-    # PenaltiesState: bincount at apply_staged_writes (penalties.py:66), apply (penalties.py:88).
+    # PenaltiesState: bincount at apply_staged_writes (penalties.py:66).
     pen = _m["penalties"]
     per_slot = lambda attr, default: torch.tensor([getattr(params[s], attr) if s in params else default
                                                    for s in range(n_slots)], dtype=torch.float32, device=device)
     prompt_bin_mask = torch.zeros((n_slots, (VOCAB + 31) // 32), dtype=torch.int32, device=device)
     output_bin_counts = torch.zeros((n_slots, VOCAB), dtype=torch.int32, device=device)
-    new_reqs = torch.tensor(list(params), dtype=torch.int64, device=device)
-    pen.bincount(new_reqs, all_token_ids, prompt_len, prefill_len, prompt_bin_mask, output_bin_counts,
-                 int(prefill_len[new_reqs].max()))
-    pen.apply_penalties(logits, idx, input_ids, local_pos, per_slot("repetition_penalty", 1.0),
-                        per_slot("frequency_penalty", 0.0), per_slot("presence_penalty", 0.0), prompt_bin_mask,
-                        output_bin_counts)
+    pen.bincount(slot_t, all_token_ids, prompt_len, prefill_len, prompt_bin_mask, output_bin_counts,
+                 int(prefill_len[slot_t].max()))
+    penalty_args = (per_slot("repetition_penalty", 1.0), per_slot("frequency_penalty", 0.0),
+                    per_slot("presence_penalty", 0.0), prompt_bin_mask, output_bin_counts)
 
-    # BadWordsState.apply (bad_words.py:79): 4 bad words per request (lengths 2, 1, 3, 2); the 1-token word is
-    # always banned, the others when their prefix matches the output.
+    # BadWordsState (bad_words.py:79): 4 bad words per request (lengths 2, 1, 3, 2); the 1-token word is always
+    # banned, the others when their prefix matches the output.
     max_bad = 4
     bad_ids = torch.randint(0, VOCAB, (n_slots, BAD_WORDS_TOTAL_TOKENS), generator=g, device=device,
                             dtype=torch.int32)
     offsets = torch.zeros((n_slots, MAX_NUM_BAD_WORDS + 1), dtype=torch.int32, device=device)
     offsets[:, :5] = torch.tensor([0, 2, 3, 6, 8], dtype=torch.int32, device=device)
-    _m["bad_words"].apply_bad_words(logits, idx, bad_ids, offsets,
-                                    torch.full((n_slots,), max_bad, dtype=torch.int32, device=device),
-                                    all_token_ids, prompt_len, total_len, input_ids, local_pos, max_bad)
+    bad_args = (bad_ids, offsets, torch.full((n_slots,), max_bad, dtype=torch.int32, device=device), all_token_ids,
+                prompt_len, total_len)
+    return dict(g=g, states=states, params=params, needs=needs, bias_args=bias_args, penalty_args=penalty_args,
+                bad_args=bad_args, max_bad=max_bad, output_bin_counts=output_bin_counts)
 
-    states.apply_temperature(logits, idx, idx_np)  # sampler.py:263
-    states.apply_min_p(logits, idx, idx_np)  # sampler.py:268
-    state.update(logits=logits, raw=raw, idx=idx, idx_np=idx_np, pos=pos, g=g, states=states, params=params)
-    return {"logits_processed": logits.clone()}
+
+def _apply_processors(logits: torch.Tensor, idx: torch.Tensor, pos: torch.Tensor, input_ids: torch.Tensor,
+                      local_pos: torch.Tensor, setup: dict[str, Any]) -> None:
+    """The logits processors' apply, in the sampler's order (sampler.py:71-76): LogitBiasState.apply
+    (logit_bias.py:131), PenaltiesState.apply (penalties.py:88), BadWordsState.apply (bad_words.py:79)."""
+    _m["logit_bias"].apply_logit_bias(logits, idx, pos, *setup["bias_args"])
+    _m["penalties"].apply_penalties(logits, idx, input_ids, local_pos, *setup["penalty_args"])
+    _m["bad_words"].apply_bad_words(logits, idx, *setup["bad_args"], input_ids, local_pos, setup["max_bad"])
 
 
 def _topk_topp(device: str, seed: int, state: dict) -> dict[str, torch.Tensor]:
@@ -570,6 +812,8 @@ def _model_step(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
             out.update(_site(f"compressor states c{ratio}/{head}",
                              lambda: compressor_state(batch, seed, ratio, head, meta)))
     out.update(_site("KV block zeroing", lambda: kv_block_zeroing(batch, seed)))
+    if "slot_mappings" in meta:
+        out.update(_site("SWA metadata", lambda: swa_metadata(batch, seed, meta)))
     out.update(_site("indexer short-context top-k", lambda: short_context_topk(batch, seed)))
     if any(n > 1 for n in batch.scheduled):
         out.update(_site("combine top-k + SWA", lambda: sparse_prefill_ops(batch, seed)))
@@ -590,18 +834,22 @@ def decode(device: str, seed: int) -> dict[str, torch.Tensor]:
 
 
 def mixed(device: str, seed: int) -> dict[str, torch.Tensor]:
-    return _model_step(Batch([38, 301, 0, 2000], [1, 1, 250, 1], device), seed)
+    # decodes first: the scheduler's order, which the attention metadata builders rely on (sparse_swa.py:602)
+    return _model_step(Batch([38, 301, 2000, 0], [1, 1, 1, 250], device), seed)
 
 
 def mtp_draft_and_verify(device: str, seed: int) -> dict[str, torch.Tensor]:
-    """MTP 1: every decode request verifies 1 draft token (2 query tokens), then samples."""
-    batch = Batch([39, 302, 1101, 46], [2, 2, 2, 2], device)
+    """MTP 1 on the V2 runner: every decode request verifies 1 draft token (2 query tokens). The target model's
+    kernels on the verification batch, then the runner's spec-decode path twice: on that batch with every sampling
+    option (greedy and random requests: the rejection kernels on processed fp32 logits), and on a later step of 9
+    requests with two prefill chunks (greedy and plain random requests: on the raw bf16 logits; 16 logits rows)."""
+    batch = Batch([r[1] for r in VERIFY_EVERY_OPTION], [r[2] for r in VERIFY_EVERY_OPTION], device)
     out = _model_step(batch, seed)
     out.update(indexer_decode_pack(batch, seed))
-    # The rejection sampler's logits rows: every request's slot repeated per query token (expanded_idx_mapping,
-    # input_batch.py:752), local positions 0..k.
-    slots = [s for s, n in zip(_slots(batch), batch.scheduled) for _ in range(n)]
-    out.update(sampling(slots, [j for n in batch.scheduled for j in range(n)], device, seed))
+    for name, reqs, params_for in (("every option", VERIFY_EVERY_OPTION, _greedy_or_options),
+                                   ("prefill chunks, raw logits", VERIFY_WITH_PREFILLS, _greedy_or_plain)):
+        got = _site(f"MTP verify and draft ({name})", lambda: spec_decode_step(reqs, device, seed, params_for))
+        out.update({f"{name.split()[0]}_{k}": v for k, v in got.items()})
     return out
 
 

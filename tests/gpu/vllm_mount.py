@@ -164,6 +164,12 @@ def _stub_forward_context(m: types.ModuleType) -> None:
     _stub_any(m)
 
 
+def _stub_config_model(m: types.ModuleType) -> None:
+    """vllm.config.model's one constant the samplers test against (config/model.py:104)."""
+    m.PROCESSED_LOGPROBS_MODES = ("processed_logits", "processed_logprobs")
+    _stub_any(m)
+
+
 def _stub_triton_importing(m: types.ModuleType) -> None:
     m.HAS_TRITON = True  # as on the device; vLLM's probe says False on a box whose Triton has no active driver
     _stub_any(m)
@@ -174,6 +180,7 @@ STUBS = {
     "vllm.logger": _stub_logger,
     "vllm.utils.platform_utils": _stub_platform_utils,
     "vllm.config": _stub_any,
+    "vllm.config.model": _stub_config_model,
     "vllm.distributed": _stub_any,
     "vllm.sampling_params": _stub_any,
     "vllm.forward_context": _stub_forward_context,
@@ -204,7 +211,6 @@ STUBS = {
     "vllm.models.deepseek_v4.common.rope": _stub_any,
     "vllm.models.deepseek_v4.compressor": _stub_any,
     "vllm.utils.multi_stream_utils": _stub_any,
-    "vllm.v1.attention.backends.mla.sparse_swa": _stub_any,
     # third-party packages the device does not have, imported only for configs and types
     "transformers": _stub_any,
     "PIL": _stub_any,
