@@ -124,3 +124,86 @@ def test_tracer_counts_sparse_and_in_place_writes_and_keeps_live_data(tmp_path) 
     assert got["in_place"] == ["acc_ptr"]
     assert got["out"] == [0.0, 3.0, 1.0, 3.0, 2.0, 3.0, 3.0, 3.0]
     assert got["acc"] == [1.0, 1.0, 1.0, 1.0]
+
+
+SPEC_STEP = '''
+import json, sys
+sys.path.insert(0, %(gpu)r)
+import torch
+import check_call_sites as c
+from vllm_mount import mount
+finder = mount(%(site)r)
+import call_site_steps as s
+s.import_call_sites()
+tracer = c.LaunchTracer("jit", "cpu")
+s.INDIRECT = tracer.indirect
+c._trace_every_kernel(tracer, [m for n, m in sorted(sys.modules.items()) if n.startswith("vllm.") and m], True)
+tracer.step = "verify"
+out = s.spec_decode_step(s.VERIFY_WITH_PREFILLS, "cpu", 7, s._greedy_or_plain)
+tracer.step = "swa"
+batch = s.Batch([38, 301, 2000, 0], [1, 1, 1, 250], "cpu")
+swa = s.swa_metadata(batch, 7, s.runner_metadata(batch, 7))
+logits, cu = out["target_logits"], [0]
+for r in s.VERIFY_WITH_PREFILLS:
+    cu.append(cu[-1] + r[3] + 1)
+print(json.dumps({
+    "launches": [[r["step"], r["kernel"].rpartition(":")[2], sum(r["written"].values()), r["key"]]
+                 for r in tracer.launches],
+    "loaded": sorted(finder.loaded), "errors": s.ERRORS,
+    "num_sampled": out["num_sampled"].tolist(), "num_rejected": out["num_rejected"].tolist(),
+    "sampled": out["sampled"].tolist(), "argmax": logits.float().argmax(-1).tolist(), "cu": cu,
+    "last_token_indices": out["last_token_indices"][:len(cu) - 1].tolist(),
+    "qsl": torch.cumsum(torch.tensor([0] + [r[2] for r in s.VERIFY_WITH_PREFILLS]), 0).tolist(),
+    "prefill_gather_lens": swa["swa_prefill_gather_lens"].tolist(), "decode_swa_lens": swa["swa_decode_swa_lens"].tolist(),
+}))
+'''
+
+SPEC_KERNELS = {  # the V2 runner's MTP-1 verify-and-draft kernels, by the call site that launches them
+    "verify": {"_expand_idx_mapping_kernel", "_prepare_prefill_inputs_kernel", "_prepare_pos_seq_lens_kernel",
+               "_combine_sampled_and_draft_tokens_kernel", "_gather_draft_sampled_kernel",
+               "_compute_local_logits_stats_kernel", "_rejection_kernel", "_resample_kernel",
+               "_insert_resampled_kernel", "_flatten_sampled_kernel", "_topk_log_softmax_kernel", "_ranks_kernel",
+               "_get_num_sampled_and_rejected_kernel", "_post_update_kernel", "kernel"},
+    "swa": {"_token_request_mapping_kernel", "_compute_swa_indices_and_lens_kernel", "kernel"},
+}
+
+
+def test_mtp_verify_and_swa_metadata_run_vllms_own_call_sites_on_the_interpreter(tmp_path) -> None:
+    """The MTP-1 verify-and-draft step (greedy and random requests, two prefill chunks, raw bf16 logits) and the SWA
+    metadata builder run from vLLM's own modules under TRITON_INTERPRET: every launch writes, the real sparse_swa
+    module is loaded (no stand-in), and the outcome matches what a greedy verification must give (torch argmax of
+    the same target logits: an accepted draft plus its bonus token, or the target's own token), chunked prefills
+    sample nothing, and the SWA lengths match the window."""
+    vllm = pytest.importorskip("vllm")
+    site = os.path.dirname(os.path.dirname(os.path.abspath(vllm.__file__)))
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", SPEC_STEP % {"gpu": os.path.join(HERE, "gpu"), "site": site}],
+                       env=env, capture_output=True, text=True, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["errors"] == []
+    assert "v1/attention/backends/mla/sparse_swa.py" in got["loaded"]
+    for step, kernels in SPEC_KERNELS.items():
+        launched = {k for s_, k, _w, _key in got["launches"] if s_ == step}
+        assert kernels <= launched, (step, kernels - launched)
+    vacuous = [(s_, k) for s_, k, written, _key in got["launches"] if written == 0]
+    assert vacuous == [], vacuous
+    reqs = [(20, 37, 2, 1), (200, 300, 2, 1), (900, 1100, 2, 1), (30, 45, 2, 1), (3000, 4000, 2, 1),
+            (60, 77, 2, 1), (100, 129, 2, 1), (30, 0, 9, 0), (31, 0, 31, 0)]
+    cu, argmax = got["cu"], got["argmax"]
+    for r, (_prompt, computed, _n, drafts) in enumerate(reqs):
+        greedy, boosted = r % 2 == 1, drafts and r % 4 < 2
+        if computed == 0:  # prefill chunks: the chunked one samples nothing, the completed one its first token
+            assert got["num_sampled"][r] == (0 if r == 7 else 1)
+            continue
+        if boosted:
+            assert got["num_sampled"][r] == 2 and got["num_rejected"][r] == 0, r
+        if greedy:  # greedy verification is the target's argmax row by row
+            n = got["num_sampled"][r]
+            assert got["sampled"][r][:n] == argmax[cu[r]:cu[r] + n], r
+            assert n == (2 if boosted else 1), r
+    # the speculator's draft prefill reads each request's last accepted position (target_dependent_ar/speculator.py)
+    qsl = got["qsl"]
+    assert got["last_token_indices"] == [qsl[r + 1] - 1 - got["num_rejected"][r] for r in range(len(reqs))]
+    # SWA: decode rows see min(seq_len, window) tokens; the prefill's gather length is its query (no prefix)
+    assert got["decode_swa_lens"][:3] == [39, 128, 128] and got["prefill_gather_lens"] == [250]

@@ -61,6 +61,7 @@ CALL_SITE_MODULES = (
     # DeepSeek-V4's SWA metadata builder (its Triton kernels run once per step, shared by every layer)
     "vllm.v1.attention.backend",
     "vllm.v1.attention.backends.mla.sparse_swa",
+    "vllm.models.deepseek_v4.sparse_mla",
     # MTP 1 on the V2 runner: its input preparation, the rejection sampler, the MTP speculator and its model's norms
     "vllm.v1.worker.gpu.input_batch",
     "vllm.v1.worker.gpu.states",
@@ -138,6 +139,10 @@ def _gen(device: str, seed: int) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _randn(shape: tuple, dtype: torch.dtype, g: torch.Generator, device: str) -> torch.Tensor:
@@ -417,6 +422,58 @@ def swa_metadata(batch: Batch, seed: int, meta: dict[str, torch.Tensor]) -> dict
     return out
 
 
+def sparse_mla_metadata(batch: Batch, seed: int, meta: dict[str, torch.Tensor],
+                        swa: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DeepseekV4SparseMLAMetadataBuilder.build (models/deepseek_v4/sparse_mla.py:185), once per step for the C4A and
+    once for the C128A layers: token -> request map, compressed slot mapping (compressor_utils.py:218) and, for
+    C128A, its top-k metadata (sparse_mla.py:263); then the C4A decode path's global top-k indices and lengths
+    (nvidia/flashmla.py:196) from the indexer's top-k buffer and the SWA metadata's token map and validity mask.
+    The builder is called unbound on a stand-in holding what its __init__ (sparse_mla.py:127-183) sets for the
+    default deployment (main KV block 256, vLLM's own MLAAttentionSpec with tokens_per_state = the ratio)."""
+    dev, g = batch.device, _gen(batch.device, seed + 12)
+    backend, mla, kvi = _m["backend"], _m["sparse_mla"], _m["kv_cache_interface"]
+    T, n = batch.num_tokens, batch.num_reqs
+    qsl, seq_lens = batch.query_start_loc(), batch.seq_lens()
+    out: dict[str, torch.Tensor] = {}
+    c128_max = _cdiv(_cdiv(MAX_MODEL_LEN, 128), 128) * 128  # sparse_mla.py:158-164
+    for ratio in (4, 128):
+        spec = kvi.MLAAttentionSpec(block_size=BLOCK_SIZES[0], num_kv_heads=1, head_size=584, dtype=torch.uint8,
+                                    cache_dtype_str="fp8_ds_mla", model_version="deepseek_v4", tokens_per_state=ratio)
+        builder = types.SimpleNamespace(
+            kv_cache_spec=spec, compress_ratio=ratio, reorder_batch_threshold=2, topk_tokens=INDEX_TOPK,
+            req_id_per_token_buffer=torch.empty(MAX_BATCHED, dtype=torch.int32, device=dev),
+            compressed_slot_mapping_buffer=torch.empty(MAX_BATCHED, dtype=torch.int64, device=dev),
+            c128a_max_compressed=c128_max,
+            c128a_global_decode_buffer=torch.empty((MAX_BATCHED, c128_max), dtype=torch.int32, device=dev),
+            c128a_decode_lens_buffer=torch.empty(MAX_BATCHED, dtype=torch.int32, device=dev),
+            c128a_prefill_buffer=torch.empty((MAX_BATCHED, c128_max), dtype=torch.int32, device=dev))
+        builder._build_c128a_metadata = types.MethodType(mla.DeepseekV4SparseMLAMetadataBuilder._build_c128a_metadata,
+                                                         builder)
+        common = backend.CommonAttentionMetadata(
+            query_start_loc=qsl, query_start_loc_cpu=qsl.cpu(), seq_lens=seq_lens, num_reqs=n, num_actual_tokens=T,
+            max_query_len=max(batch.scheduled), max_seq_len=int(seq_lens.max()),
+            block_table_tensor=meta["block_table_0"], slot_mapping=meta["slot_mappings"][0][:T],
+            positions=batch.positions(), seq_lens_cpu_upper_bound=seq_lens.cpu())
+        md = mla.DeepseekV4SparseMLAMetadataBuilder.build(builder, 0, common)
+        out.update({f"c{ratio}a_{k}": v for k, v in vars(md).items() if isinstance(v, torch.Tensor)})
+    decodes = [i for i, q in enumerate(batch.scheduled) if q <= 2]
+    num_decode_tokens = sum(batch.scheduled[i] for i in decodes)
+    if num_decode_tokens:
+        # The indexer's top-k per decode token (DeepGEMM's top-k in a long context): distinct compressed positions
+        # below the token's compressed length, -1 after (every position when there are at most index_topk)
+        topk = torch.full((num_decode_tokens, INDEX_TOPK), -1, dtype=torch.int32, device=dev)
+        for t, pos in enumerate(batch.positions()[:num_decode_tokens].tolist()):
+            length = (pos + 1) // 4
+            picked = torch.randperm(length, generator=g, device=dev)[:INDEX_TOPK] if length > INDEX_TOPK else \
+                torch.arange(length, device=dev)
+            topk[t, :len(picked)] = picked.to(torch.int32)
+        indices, topk_lens = _m["cache_utils"].compute_global_topk_indices_and_lens(
+            topk, swa["swa_token_to_req_indices"], meta["block_table_0"][:len(decodes)], BLOCK_SIZES[0] // 4,
+            swa["swa_is_valid_token"][:num_decode_tokens])
+        out.update(c4a_global_topk_indices=indices, c4a_topk_lens=topk_lens)
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # MTP 1 on the V2 runner: verify the drafts of the previous step, then draft the next token
 #
@@ -453,13 +510,15 @@ def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: i
     gather_draft_sampled, the sampler's apply_sampling_params, rejection_sample, logprobs, get_num_sampled_and_
     rejected), post_update (model_runner.py:1735), then the MTP speculator's propose (model_runner.py:2308): its
     prepare_prefill_inputs (target_dependent_ar/speculator.py:226), the MTP layer's fused input RMSNorm and shared-head
-    RMSNorm (models/deepseek_v4/nvidia/mtp.py:166, 294) and the greedy draft (argmax, spec_decode/speculator.py:479;
-    with k = 1 propose returns after the draft prefill, target_dependent_ar/speculator.py:297).
+    RMSNorm (models/deepseek_v4/nvidia/mtp.py:166, 294); the draft itself is a torch argmax of the MTP head's logits
+    (spec_decode/speculator.py:479, no Triton), and with k = 1 propose returns after the draft prefill
+    (target_dependent_ar/speculator.py:297).
 
     Request state is vLLM's RequestState, filled as the runner fills it (add_request, then the tokens a decode has
     already sampled); the previous step's drafts sit in req_states.draft_tokens. The target logits are unit-scale
-    bf16 with every other decode's draft made the argmax of its verification row, so drafts are accepted (bonus
-    token sampled) and rejected (a recovered token resampled) in the same step."""
+    bf16 with half of the decodes' drafts made the argmax of their verification rows, so drafts are accepted (bonus
+    token sampled) and rejected (a recovered token resampled) in the same step. (Rows r % 4 < 2: the draft's
+    logit is 20, so even a random request keeps it with probability ~1 - 5e-4.)"""
     dev = torch.device(device)
     g = _gen(device, seed + 9)
     cpu = torch.Generator().manual_seed(seed)
@@ -521,8 +580,8 @@ def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: i
     # The target model's logits rows (bf16, compute_logits) and the rejection sampler.
     logits = _randn((total_logits, VOCAB), torch.bfloat16, g, device)
     for r, (prompt, computed, _s, drafts) in enumerate(reqs):
-        if drafts and r % 2 == 0:  # the verification row of the draft ranks it first: accepted
-            logits[int(cu_np[r]), int(rs.draft_tokens[slots[r], 0])] = 8.0
+        if drafts and r % 4 < 2:  # the draft's verification row makes it all but certain (greedy and random): accepted
+            logits[int(cu_np[r]), int(rs.draft_tokens[slots[r], 0])] = 20.0
     sampler = types.SimpleNamespace(
         sampling_states=setup["states"], req_states=rs, use_fp64_gumbel=False, logprobs_mode="raw_logprobs",
         return_sampling_mask=False, compute_nans=False, needs_logits_processing=setup["needs"],
@@ -536,7 +595,7 @@ def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: i
         fly_entropy_threshold=0.3, fly_entropy_top_k=3, fly_window_size=None, synthetic_acceptance_rates=None)
     rejection = _m["rejection_sampler"].RejectionSampler(sampler, spec_config, dev)
     result = rejection(logits, batch, None, None)  # draft logits: None (greedy MTP drafts, speculator.py:479)
-    out.update(sampled=result.sampled_token_ids, num_sampled=result.num_sampled, num_rejected=result.num_rejected)
+    out.update(target_logits=logits, sampled=result.sampled_token_ids, num_sampled=result.num_sampled, num_rejected=result.num_rejected)
     if result.logprobs_tensors is not None:
         out.update(logprob_token_ids=result.logprobs_tensors.logprob_token_ids,
                    logprobs=result.logprobs_tensors.logprobs)
@@ -813,7 +872,10 @@ def _model_step(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
                              lambda: compressor_state(batch, seed, ratio, head, meta)))
     out.update(_site("KV block zeroing", lambda: kv_block_zeroing(batch, seed)))
     if "slot_mappings" in meta:
-        out.update(_site("SWA metadata", lambda: swa_metadata(batch, seed, meta)))
+        swa = _site("SWA metadata", lambda: swa_metadata(batch, seed, meta))
+        out.update(swa)
+        if swa:
+            out.update(_site("sparse MLA metadata", lambda: sparse_mla_metadata(batch, seed, meta, swa)))
     out.update(_site("indexer short-context top-k", lambda: short_context_topk(batch, seed)))
     if any(n > 1 for n in batch.scheduled):
         out.update(_site("combine top-k + SWA", lambda: sparse_prefill_ops(batch, seed)))
