@@ -62,6 +62,7 @@ CALL_SITE_MODULES = (
     "vllm.v1.attention.backend",
     "vllm.v1.attention.backends.mla.sparse_swa",
     "vllm.models.deepseek_v4.sparse_mla",
+    "vllm.model_executor.layers.fused_moe.router.fused_topk_bias_router",
     # MTP 1 on the V2 runner: its input preparation, the rejection sampler, the MTP speculator and its model's norms
     "vllm.v1.worker.gpu.input_batch",
     "vllm.v1.worker.gpu.states",
@@ -474,6 +475,28 @@ def sparse_mla_metadata(batch: Batch, seed: int, meta: dict[str, torch.Tensor],
     return out
 
 
+def moe_routing(batch: Batch, seed: int, padding: bool) -> dict[str, torch.Tensor]:
+    """fused_topk_bias (model_executor/layers/fused_moe/router/fused_topk_bias_router.py:146), the router of every
+    non-hash MoE layer and of the MTP layer: fp32 gate logits of the 256 experts (GateLinear), sqrtsoftplus scores,
+    the noaux_tc correction bias, top-6 renormalized, scaled by routed_scaling_factor 1.5 (the checkpoint's
+    config), indices int32 -> dsv4_topk (dsv4_topk.py:152). With VLLM_MOE_SKIP_PADDING (on by default) the router
+    reads the forward context's padding mask: the V2 runner sets the step's (gpu/model_runner.py:1398), the MTP
+    speculator's forward context holds none (target_dependent_ar/speculator.py:384)."""
+    dev, g = batch.device, _gen(batch.device, seed + 13)
+    T = batch.num_tokens
+    forward_context = importlib.import_module("vllm.forward_context")
+    forward_context.CURRENT.is_padding = torch.zeros(T, dtype=torch.bool, device=dev) if padding else None
+    try:
+        weights, ids = _m["fused_topk_bias_router"].fused_topk_bias(
+            _randn((T, 4096), torch.bfloat16, g, dev), _randn((T, 256), torch.float32, g, dev), "sqrtsoftplus",
+            _randn((256,), torch.float32, g, dev) * 0.1, 6, True, None,
+            input_tokens=torch.randint(0, VOCAB, (T,), generator=g, device=dev, dtype=torch.int32),
+            routed_scaling_factor=1.5)
+    finally:
+        forward_context.CURRENT.is_padding = None
+    return {f"moe_topk_weights{'' if padding else '_mtp'}": weights, f"moe_topk_ids{'' if padding else '_mtp'}": ids}
+
+
 # --------------------------------------------------------------------------------------------------
 # MTP 1 on the V2 runner: verify the drafts of the previous step, then draft the next token
 #
@@ -617,6 +640,7 @@ def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: i
     out.update(draft_input_ids=draft_buffers.input_ids[:T], draft_positions=draft_buffers.positions[:T],
                last_token_indices=last_token_indices)
     out.update(mtp_layer(draft_buffers.positions[:T], last_token_indices[:n], device, seed))
+    out.update(moe_routing(types.SimpleNamespace(num_tokens=T, device=device), seed, padding=False))  # MTP layer MoE
     return out
 
 
@@ -866,6 +890,7 @@ def _model_step(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     out = dict(meta)
     out.update(_site("q/kv rmsnorm", lambda: attention_ops(batch, seed, meta)))
     out.update(_site("inverse rope + fp8 quant", lambda: inv_rope(batch, seed)))
+    out.update(_site("MoE router", lambda: moe_routing(batch, seed, padding=True)))
     for ratio, head in ((4, HEAD_DIM), (128, HEAD_DIM), (4, 128)):  # 128: the indexer's compressor
         if "slot_mappings" in meta:
             out.update(_site(f"compressor states c{ratio}/{head}",

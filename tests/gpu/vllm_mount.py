@@ -159,8 +159,23 @@ def _stub_any(m: types.ModuleType) -> None:
 
 def _stub_forward_context(m: types.ModuleType) -> None:
     """get_forward_context() returns CURRENT, whose attn_metadata a step sets around a layer's forward."""
-    m.CURRENT = types.SimpleNamespace(attn_metadata=None)
+    m.CURRENT = types.SimpleNamespace(attn_metadata=None, is_padding=None)
     m.get_forward_context = lambda: m.CURRENT
+    m.is_forward_context_available = lambda: True
+    _stub_any(m)
+
+
+class _NotRocm:
+    """rocm_aiter_ops on CUDA: every `is_*_enabled` probe answers False."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("is_"):
+            return lambda *args, **kwargs: False
+        raise AttributeError(f"the check's stub rocm_aiter_ops has no {name!r} (tests/gpu/vllm_mount.py)")
+
+
+def _stub_aiter(m: types.ModuleType) -> None:
+    m.rocm_aiter_ops = _NotRocm()
     _stub_any(m)
 
 
@@ -186,7 +201,7 @@ STUBS = {
     "vllm.forward_context": _stub_forward_context,
     "vllm.vllm_flash_attn": _stub_any,
     "vllm._custom_ops": _stub_any,
-    "vllm._aiter_ops": _stub_any,
+    "vllm._aiter_ops": _stub_aiter,
     "vllm.model_executor.layers.quantization": _stub_any,
     "vllm.multimodal": _stub_any,
     "vllm.usage": _stub_any,
