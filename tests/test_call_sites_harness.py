@@ -163,8 +163,10 @@ SPEC_KERNELS = {  # the V2 runner's MTP-1 verify-and-draft kernels, by the call 
                "_combine_sampled_and_draft_tokens_kernel", "_gather_draft_sampled_kernel",
                "_compute_local_logits_stats_kernel", "_rejection_kernel", "_resample_kernel",
                "_insert_resampled_kernel", "_flatten_sampled_kernel", "_topk_log_softmax_kernel", "_ranks_kernel",
-               "_get_num_sampled_and_rejected_kernel", "_post_update_kernel", "kernel"},
-    "swa": {"_token_request_mapping_kernel", "_compute_swa_indices_and_lens_kernel", "kernel"},
+               "_get_num_sampled_and_rejected_kernel", "_post_update_kernel", "FusedMTPInputRMSNormKernel.kernel",
+               "MTPSharedHeadRMSNormKernel.kernel"},
+    "swa": {"_token_request_mapping_kernel", "_compute_swa_indices_and_lens_kernel",
+            "ComputePrefillMetadataKernel.kernel"},
 }
 
 

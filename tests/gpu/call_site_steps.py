@@ -93,10 +93,17 @@ def _site(name: str, call: Any) -> dict[str, torch.Tensor]:
         return {}
 
 
+IMPORT_ERRORS: list[str] = []  # call-site modules that did not import (their sites then fail, the others run)
+
+
 def import_call_sites() -> list[Any]:
-    """Import every call-site module (from the mounted vLLM copy) and return them."""
+    """Import every call-site module (from the mounted vLLM copy) and return them. A module that does not import
+    is listed in IMPORT_ERRORS (the check fails) and the steps' other call sites still run."""
     for name in CALL_SITE_MODULES:
-        _m[SHORT_NAMES.get(name, name.rpartition(".")[2])] = importlib.import_module(name)
+        try:
+            _m[SHORT_NAMES.get(name, name.rpartition(".")[2])] = importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - reported, and the check fails
+            IMPORT_ERRORS.append(f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
     return list(_m.values())
 
 
@@ -640,7 +647,6 @@ def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: i
     out.update(draft_input_ids=draft_buffers.input_ids[:T], draft_positions=draft_buffers.positions[:T],
                last_token_indices=last_token_indices)
     out.update(mtp_layer(draft_buffers.positions[:T], last_token_indices[:n], device, seed))
-    out.update(moe_routing(types.SimpleNamespace(num_tokens=T, device=device), seed, padding=False))  # MTP layer MoE
     return out
 
 
@@ -937,6 +943,8 @@ def mtp_draft_and_verify(device: str, seed: int) -> dict[str, torch.Tensor]:
                                    ("prefill chunks, raw logits", VERIFY_WITH_PREFILLS, _greedy_or_plain)):
         got = _site(f"MTP verify and draft ({name})", lambda: spec_decode_step(reqs, device, seed, params_for))
         out.update({f"{name.split()[0]}_{k}": v for k, v in got.items()})
+    # the MTP layer's MoE router, in the speculator's forward context (no padding mask)
+    out.update(_site("MTP layer MoE router", lambda: moe_routing(batch, seed, padding=False)))
     return out
 
 

@@ -352,7 +352,8 @@ def child(args: argparse.Namespace) -> None:
             steps[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000],
                            "traceback": traceback.format_exc()[-3000:]}
         steps[name]["launches"] = len(tracer.launches) - first
-    summary: dict[str, Any] = {"role": args.child, "steps": steps, "launches": tracer.launches,
+    summary: dict[str, Any] = {"role": args.child, "import_errors": call_site_steps.IMPORT_ERRORS,
+                               "steps": steps, "launches": tracer.launches,
                                "seconds": time.perf_counter() - t0, "compiles": compiles, "processes": events,
                                "installed": installed, "carried_files": sorted(set(finder.loaded))}
     if args.child == "loader":
@@ -410,6 +411,8 @@ def list_sources(vllm_src: str) -> dict[str, list[str]]:
     import call_site_steps
 
     call_site_steps.import_call_sites()
+    if call_site_steps.IMPORT_ERRORS:  # on the build box every call-site module imports: else nothing to carry
+        raise RuntimeError("call-site modules did not import: " + "; ".join(call_site_steps.IMPORT_ERRORS))
     after = {m.partition(".")[0] for m in sys.modules}
     third = sorted(m for m in after - before - set(sys.stdlib_module_names)
                    if not m.startswith("_") and m not in ("vllm", "vllm_mount", "call_site_steps"))
@@ -559,6 +562,10 @@ def main() -> int:
             print(f"  {role:6} step {name:24} {s['launches']:4} launches  {status}")
     rows, ok = compare(jit, loader, planned_keys(args.plan) if args.plan else None)
     steps_ok = all(s["ok"] for r in (jit, loader) if r for s in r["steps"].values())
+    for role, r in (("jit", jit), ("loader", loader)):
+        for line in (r or {}).get("import_errors", ()):
+            print(f"  {role:6} call-site module did not import: {line}")
+            steps_ok = False
     compiles = (len(loader["compiles"]) + len(loader["guard_attempts"])) if loader else 0
     procs = len(loader["processes"]) if loader else 0
     print_table(rows, compiles, procs, loader is not None)
