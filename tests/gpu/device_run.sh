@@ -10,8 +10,10 @@
 #   tilelang mHC kernels of .device/tilelang.nojit against float64 references, TileLang absent
 #   merge    one bundle: this machine's Triton entries + the TileLang entries, verified
 #   pytest   the GPU tests of the suite (tests/gpu, marker gpu)
-#   callsites  vLLM's own call sites (.device/vllm_src) on a prefill, decode, mixed, MTP and sampling step:
-#            loader (strict) vs JIT per launch, outputs poisoned, observed keys against the plan and bundle
+#   callsites  vLLM's own call sites (.device/vllm_src) on a prefill, decode, mixed, MTP and sampling step (the MTP
+#            step: V2 runner input prep, RejectionSampler, post_update, MTP speculator; every step: SWA and sparse
+#            MLA metadata builders, MoE router): loader (strict) vs JIT per launch, outputs poisoned, observed keys
+#            against the plan and bundle
 #   deepgemm DeepGEMM cubins built on the GPU-less box (.device/deepgemm from tools/prepare_deepgemm_device.py)
 #            served through DeepGEMM's own cache lookup: fp8_gemm_nt vs a float32 reference, no compile, timed
 #   cutedsl  CuTeDSL entries of .device/cutedsl.nojit (`nojit build --runtime cutedsl -o .device/cutedsl.nojit` on
