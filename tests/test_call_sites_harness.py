@@ -154,9 +154,14 @@ print(json.dumps({
     "sampled": out["sampled"].tolist(), "argmax": logits.float().argmax(-1).tolist(), "cu": cu,
     "last_token_indices": out["last_token_indices"][:len(cu) - 1].tolist(),
     "qsl": torch.cumsum(torch.tensor([0] + [r[2] for r in s.VERIFY_WITH_PREFILLS]), 0).tolist(),
-    "prefill_gather_lens": swa["swa_prefill_gather_lens"].tolist(), "decode_swa_lens": swa["swa_decode_swa_lens"].tolist(),
+    "prefill_gather_lens": swa["swa_prefill_gather_lens"].tolist(),
+    "decode_swa_lens": swa["swa_decode_swa_lens"].tolist(),
 }))
 '''
+
+# kernel-id substrings of every kernel SPEC_STEP launches, for `nojit build --kernels`
+SPEC_PLAN_KERNELS = ("gpu.spec_decode,gpu.input_batch,gpu.buffer_utils,gpu.block_table,gpu.sample,mla.sparse_swa,"
+                     "fused_mtp_input_rmsnorm,metadata:_token")
 
 SPEC_KERNELS = {  # the V2 runner's MTP-1 verify-and-draft kernels, by the call site that launches them
     "verify": {"_expand_idx_mapping_kernel", "_prepare_prefill_inputs_kernel", "_prepare_pos_seq_lens_kernel",
@@ -175,7 +180,9 @@ def test_mtp_verify_and_swa_metadata_run_vllms_own_call_sites_on_the_interpreter
     metadata builder run from vLLM's own modules under TRITON_INTERPRET: every launch writes, the real sparse_swa
     module is loaded (no stand-in), and the outcome matches what a greedy verification must give (torch argmax of
     the same target logits: an accepted draft plus its bonus token, or the target's own token), chunked prefills
-    sample nothing, and the SWA lengths match the window."""
+    sample nothing, the SWA lengths match the window, and every key reached is in the enumerator's plan. About 3
+    minutes on 2 cores (the interpreter over 16 rows of the 129280-token vocabulary): the one CPU run of these call
+    sites, which the H200 step then repeats against the bundle."""
     vllm = pytest.importorskip("vllm")
     site = os.path.dirname(os.path.dirname(os.path.abspath(vllm.__file__)))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -190,6 +197,19 @@ def test_mtp_verify_and_swa_metadata_run_vllms_own_call_sites_on_the_interpreter
         assert kernels <= launched, (step, kernels - launched)
     vacuous = [(s_, k) for s_, k, written, _key in got["launches"] if written == 0]
     assert vacuous == [], vacuous
+    # every key these real call sites reach is one the enumerator planned (aot/models/deepseek_v4/)
+    plan = str(tmp_path / "spec.plan.json")
+    run_cli("build", "--runtime", "triton", "--kernels", SPEC_PLAN_KERNELS, "--plan-only", "--emit-plan", plan,
+            "-o", str(tmp_path / "unused.nojit"), "--quiet")
+    sys.path.insert(0, os.path.join(HERE, "gpu"))
+    from check_call_sites import planned_keys
+
+    from nojit.loader.bundle_file import canonical_json
+
+    planned = {kid.rpartition(":")[2]: keys for kid, keys in planned_keys(plan).items()}
+    unplanned = [(s_, k, key) for s_, k, _w, key in got["launches"]
+                 if canonical_json(key).decode() not in planned.get(k, ())]
+    assert unplanned == [], unplanned
     reqs = [(20, 37, 2, 1), (200, 300, 2, 1), (900, 1100, 2, 1), (30, 45, 2, 1), (3000, 4000, 2, 1),
             (60, 77, 2, 1), (100, 129, 2, 1), (30, 0, 9, 0), (31, 0, 31, 0)]
     cu, argmax = got["cu"], got["argmax"]

@@ -23,7 +23,13 @@ import torch
 VOCAB = 129280
 MAX_NUM_REQS = 1024
 MAX_BATCHED = 8192
-MAX_MODEL_LEN = 8192
+MAX_MODEL_LEN = 8192  # token buffers and position tables of the steps (the sequences here are shorter)
+# The default deployment's max_model_len (aot/data/default-deployment.toml:24, max_position_embeddings): the width of
+# the main KV group's block table, cdiv(1048576, 256) = 4096 (gpu/model_runner.py:664-674), which reaches a kernel
+# key as a compile-time constant (ComputeGlobalTopkIndicesAndLens' block_table_stride). The other groups' tables
+# (block 64, 4, 8: up to 262144 wide at 1M tokens) are sized by MAX_MODEL_LEN: their widths reach keys only as
+# strides divisible by 16 either way, and the full ones would hold gigabytes that every launch snapshots and hashes.
+DEPLOYMENT_MAX_MODEL_LEN = 1048576
 BLOCK_SIZES = [256, 64, 4, 8]  # main KV (C4/C128 layers), SWA cache, C4 and C128 compressor states
 # Bytes per block of the default deployment's block-outermost KV pool (all layers' pages of one block, block_size 256),
 # as vLLM's kv_cache_planning lays it out (computed by aot/models/deepseek_v4/config.py:indexer_kv_block_stride).
@@ -162,7 +168,7 @@ def _randn(shape: tuple, dtype: torch.dtype, g: torch.Generator, device: str) ->
 
 def runner_metadata(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
     bt_mod = _m["block_table"]
-    max_blocks = [-(-MAX_MODEL_LEN // bs) for bs in BLOCK_SIZES]
+    max_blocks = [_cdiv(DEPLOYMENT_MAX_MODEL_LEN if i == 0 else MAX_MODEL_LEN, bs) for i, bs in enumerate(BLOCK_SIZES)]
     tables = bt_mod.BlockTables(BLOCK_SIZES, MAX_NUM_REQS, MAX_BATCHED, max_blocks, torch.device(batch.device),
                                 sliding_window_reach=SLIDING_WINDOW_REACH)
     INDIRECT["_apply_write_kernel"] = [t.gpu for t in tables.block_tables]
@@ -414,7 +420,8 @@ def swa_metadata(batch: Batch, seed: int, meta: dict[str, torch.Tensor]) -> dict
         decode_threshold=threshold, window_size=WINDOW, block_size=BLOCK_SIZES[1],
         max_image_tokens=0, prefill_index_width=WINDOW, is_dspark=False, noncausal_index_width=0,
         decode_swa_indices_noncausal=None, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=MAX_BATCHED,
-        _layer_types=set(), token_to_req_indices=zeros(MAX_BATCHED), is_valid_token=zeros(MAX_BATCHED, dtype=torch.bool),
+        _layer_types=set(), token_to_req_indices=zeros(MAX_BATCHED),
+        is_valid_token=zeros(MAX_BATCHED, dtype=torch.bool),
         decode_swa_indices=zeros(MAX_BATCHED, 1, WINDOW), decode_swa_lens=zeros(MAX_BATCHED),
         prefill_swa_indices=zeros(MAX_BATCHED, 1, WINDOW), prefill_swa_lens=zeros(MAX_BATCHED),
         no_replay_start=zeros(MAX_NUM_REQS + 1))
@@ -625,7 +632,8 @@ def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: i
         fly_entropy_threshold=0.3, fly_entropy_top_k=3, fly_window_size=None, synthetic_acceptance_rates=None)
     rejection = _m["rejection_sampler"].RejectionSampler(sampler, spec_config, dev)
     result = rejection(logits, batch, None, None)  # draft logits: None (greedy MTP drafts, speculator.py:479)
-    out.update(target_logits=logits, sampled=result.sampled_token_ids, num_sampled=result.num_sampled, num_rejected=result.num_rejected)
+    out.update(target_logits=logits, sampled=result.sampled_token_ids, num_sampled=result.num_sampled,
+               num_rejected=result.num_rejected)
     if result.logprobs_tensors is not None:
         out.update(logprob_token_ids=result.logprobs_tensors.logprob_token_ids,
                    logprobs=result.logprobs_tensors.logprobs)
