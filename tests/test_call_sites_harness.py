@@ -147,8 +147,7 @@ logits, cu = out["target_logits"], [0]
 for r in s.VERIFY_WITH_PREFILLS:
     cu.append(cu[-1] + r[3] + 1)
 print(json.dumps({
-    "launches": [[r["step"], r["kernel"].rpartition(":")[2], sum(r["written"].values()), r["key"]]
-                 for r in tracer.launches],
+    "launches": [[r["step"], r["kernel"], sum(r["written"].values()), r["key"]] for r in tracer.launches],
     "loaded": sorted(finder.loaded), "errors": s.ERRORS,
     "num_sampled": out["num_sampled"].tolist(), "num_rejected": out["num_rejected"].tolist(),
     "sampled": out["sampled"].tolist(), "argmax": logits.float().argmax(-1).tolist(), "cu": cu,
@@ -193,7 +192,7 @@ def test_mtp_verify_and_swa_metadata_run_vllms_own_call_sites_on_the_interpreter
     assert got["errors"] == []
     assert "v1/attention/backends/mla/sparse_swa.py" in got["loaded"]
     for step, kernels in SPEC_KERNELS.items():
-        launched = {k for s_, k, _w, _key in got["launches"] if s_ == step}
+        launched = {k.rpartition(":")[2] for s_, k, _w, _key in got["launches"] if s_ == step}
         assert kernels <= launched, (step, kernels - launched)
     vacuous = [(s_, k) for s_, k, written, _key in got["launches"] if written == 0]
     assert vacuous == [], vacuous
@@ -206,7 +205,7 @@ def test_mtp_verify_and_swa_metadata_run_vllms_own_call_sites_on_the_interpreter
 
     from nojit.loader.bundle_file import canonical_json
 
-    planned = {kid.rpartition(":")[2]: keys for kid, keys in planned_keys(plan).items()}
+    planned = planned_keys(plan)
     unplanned = [(s_, k, key) for s_, k, _w, key in got["launches"]
                  if canonical_json(key).decode() not in planned.get(k, ())]
     assert unplanned == [], unplanned
