@@ -298,6 +298,12 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import triton
 
+    # Memory the step allocates with torch.empty and a kernel leaves partly unwritten (the rejection sampler's
+    # [num_reqs, k + 1] sampled tokens past a rejection, its per-request logsumexps) is read again by later kernels;
+    # hashed as their input it must not be whatever the allocator held. Filled with a known value in both processes
+    # (NaN, or the integer maximum); warn_only: no vLLM op is refused for being nondeterministic.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
     if interpret and not torch.cuda.is_available():  # CPU validation: vLLM's eager-only branches ask this
         torch.cuda.is_current_stream_capturing = lambda: False
     from vllm_mount import mount
