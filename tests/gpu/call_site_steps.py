@@ -562,18 +562,27 @@ def spec_decode_step(reqs: list[tuple[int, int, int, int]], device: str, seed: i
     rs_mod, ib = _m["req_states"], _m["input_batch"]
     rs = rs_mod.RequestState(MAX_NUM_REQS, MAX_MODEL_LEN, MAX_BATCHED, 1, VOCAB, dev)
     slots: list[int] = []
+    tokens_of: list[list[int]] = []
     for i, (prompt, computed, _scheduled, drafts) in enumerate(reqs):
-        tokens = torch.randint(0, VOCAB, (max(prompt, computed + 1),), generator=cpu).tolist()
-        rs.add_request(f"req-{i}", prompt, tokens[:prompt], 0, 512)  # states.py:91, as a new request
-        slot = rs.req_id_to_index[f"req-{i}"]
-        if computed:  # decoding: its outputs so far (post_update's writes of earlier steps), last one not yet computed
+        tokens_of.append(torch.randint(0, VOCAB, (max(prompt, computed + 1),), generator=cpu).tolist())
+        # states.py:91, as a new request whose prompt the prefix cache partly holds (a chunked prefill: its first
+        # chunk; a decode: half its prompt), so the admission's num_computed_tokens write changes something
+        rs.add_request(f"req-{i}", prompt, tokens_of[i][:prompt], computed if computed < prompt else prompt // 2, 512)
+        slots.append(rs.req_id_to_index[f"req-{i}"])
+    # The step that admitted them applied their writes (states.py:120) before any later step's; staging a decode's
+    # progress in the same apply would write total_len and num_computed_tokens twice at one index, and which of
+    # _apply_write_kernel's programs lands last is a race (JIT against JIT differs too).
+    rs.apply_staged_writes()
+    for i, (prompt, computed, _scheduled, drafts) in enumerate(reqs):
+        slot, tokens = slots[i], tokens_of[i]
+        if computed >= prompt:  # decoding: its outputs so far (post_update's writes of earlier steps), the last one
+            # not yet computed
             rs.all_token_ids.stage_write(slot, prompt, tokens[prompt:computed + 1])
             rs.total_len.stage_write_elem(slot, computed + 1)
             rs.num_computed_tokens.stage_write_elem(slot, computed)
             rs.num_computed_tokens_np[slot] = computed
             rs.last_sampled_tokens[slot, 0] = tokens[computed]
             rs.draft_tokens[slot, :drafts] = torch.randint(0, VOCAB, (drafts,), generator=cpu).to(dev)
-        slots.append(slot)
     rs.apply_staged_writes()
     setup = _sampling_setup(slots, device, seed, params_for)
     out: dict[str, torch.Tensor] = {}
