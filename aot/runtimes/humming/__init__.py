@@ -1,0 +1,1 @@
+"""Humming: the MXFP4 MoE kernels vLLM's Humming experts reach, compiled with Humming's own NVRTC path."""
