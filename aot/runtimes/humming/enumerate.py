@@ -27,11 +27,8 @@ from typing import Any
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
-
-GEMM_CLASS = "humming.kernel.humming:HummingKernel"
-INPUT_CLASS = "humming.kernel.process_input:ProcessInputKernel"
-SCALE_CLASS = "humming.kernel.process_input:ProcessInputScaleKernel"
-
+from nojit.aot.runtimes.humming.tables import MoeExperts
+from nojit.loader.humming_serving import kernel_key
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -46,25 +43,6 @@ class KernelSpec:
         return {"class": self.kernel_class, "args": self.args}
 
 
-def _json_value(value: Any) -> Any:
-    """Humming's config values as JSON: enums by value, dtypes by name, tuples as lists."""
-    import enum
-
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _json_value(v) for k, v in value.items()}
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)  # humming.dtypes.DataType: its name, which its constructors parse back
-
-
-def class_path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
 class _Recorder:
     """Stands in for `KernelRuntime.compile_many` while Humming's own prepare_kernels runs."""
 
@@ -75,43 +53,52 @@ class _Recorder:
     def __call__(self, kernel_specs: Any, device: Any = None) -> list[Any]:
         out = []
         for cls, args in kernel_specs:
-            self.specs.append(KernelSpec(class_path(cls), _json_value(dict(args)), self.op))
+            key = kernel_key(cls, args)
+            self.specs.append(KernelSpec(key["class"], key["args"], self.op))
             out.append(type("Recorded", (), {"kernel_id": len(self.specs)})())
         return out
 
 
-def moe_shapes(d: Deployment) -> tuple[int, int, int, int]:
-    """(hidden, intermediate per TP rank, local experts, top-k), after vLLM's MXFP4 round-up for Humming."""
+def tp_shapes(d: Deployment, moe: MoeExperts) -> tuple[int, int]:
+    """(hidden, intermediate per TP rank), after vLLM's MXFP4 round-up for the Humming backend."""
     from nojit.aot.vllm_env import import_kernel_module
 
-    cfg = d.hf_config
     tp = d.tensor_parallel_size
-    inter = cfg["moe_intermediate_size"]
-    if inter % tp:
-        raise BuildError(f"moe_intermediate_size {inter} is not divisible by tensor_parallel_size {tp}",
+    if moe.intermediate % tp:
+        raise BuildError(f"moe_intermediate_size {moe.intermediate} is not divisible by tensor_parallel_size {tp}",
                          fix="use a tensor-parallel size that divides the experts' intermediate size")
     oracle = import_kernel_module("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
-    hidden, inter_tp = oracle.mxfp4_round_up_hidden_size_and_intermediate_size(
-        oracle.Mxfp4MoeBackend.HUMMING, cfg["hidden_size"], inter // tp)
-    return hidden, inter_tp, cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    return oracle.mxfp4_round_up_hidden_size_and_intermediate_size(
+        oracle.Mxfp4MoeBackend.HUMMING, moe.hidden, moe.intermediate // tp)
 
 
-def enumerate_kernels(d: Deployment) -> list[KernelSpec]:
+def enumerate_kernels(d: Deployment, layers: list[MoeExperts]) -> list[KernelSpec]:
     """Every Humming kernel the deployment's routed experts reach (needs the deployment platform installed)."""
-    import torch
-
     from nojit.aot.runtimes.humming import standin
-    from nojit.aot.vllm_env import import_kernel_module
 
     p = d.platform
     standin.install(p.device_name, p.capability, p.sm_count)
+    specs: list[KernelSpec] = []
+    for moe in layers:
+        specs += _layer_kernels(d, moe)
+    unique: dict[str, KernelSpec] = {}
+    for s in specs:  # Humming's KernelRuntime keeps one object per (class, arguments): one compile each
+        unique.setdefault(json.dumps(s.key(), sort_keys=True), s)
+    return list(unique.values())
+
+
+def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
+    import torch
+
+    from nojit.aot.vllm_env import import_kernel_module
+
     oracle = import_kernel_module("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
     hschema = import_kernel_module("vllm.model_executor.layers.quantization.utils.humming.schema")
     activation_mod = import_kernel_module("vllm.model_executor.layers.fused_moe.activation")
     hact = import_kernel_module("vllm.model_executor.layers.quantization.utils.humming.activation")
     quant_utils = import_kernel_module("vllm.model_executor.layers.quantization.utils.quant_utils")
-    from humming.dtypes import DataType
     from humming.config import ActivationType, ProcessInputLayoutType, ProcessInputProblemConfig
+    from humming.dtypes import DataType
     from humming.jit.runtime import KernelRuntime
     from humming.kernel.humming import HummingKernel
     from humming.kernel.process_input import ProcessInputKernel
@@ -120,33 +107,29 @@ def enumerate_kernels(d: Deployment) -> list[KernelSpec]:
     from humming.tune import get_heuristics_class, get_heuristics_config
     from humming.tune.process_input import get_process_input_tuning_intervals
 
-    hidden, inter, experts, top_k = moe_shapes(d)
+    hidden, inter = tp_shapes(d, moe)
     param_dtype = torch.bfloat16 if d.dtype == "bfloat16" else torch.float16
-    # DeepseekV4FP8Config.get_quant_method: Mxfp4MoEMethod(activation_key=kMxfp8Dynamic); the weights are
-    # converted with quant_config {"quant_method": "mxfp4"} (oracle/mxfp4.py:1625-1634). The deployment passes
-    # no `--quantization-config` MoE activation override (`_user_moe_activation_override` reads it).
-    weight_schema = BaseWeightSchema.from_config({"quant_method": "mxfp4"}).to_humming_schema(param_dtype)
+    weight_schema = BaseWeightSchema.from_config({"quant_method": moe.weight_quant_method}).to_humming_schema(param_dtype)
+    # The deployment passes no `--quantization-config` MoE activation override (`_user_moe_activation_override`).
     original_override = oracle._user_moe_activation_override
     oracle._user_moe_activation_override = lambda: None
     try:
-        input_schema = oracle._humming_input_schema(quant_utils.kMxfp8Dynamic)
+        input_schema = oracle._humming_input_schema(getattr(quant_utils, moe.activation_key))
     finally:
         oracle._user_moe_activation_override = original_override
     input_schema = hschema.check_and_fallback_input_schema(weight_schema=weight_schema, input_schema=input_schema,
                                                            param_dtype=param_dtype, allow_fallback=False)
     # HummingExpertsBase.init_humming_moe: compute config and one tuning table per sublayer.
     compute = {"use_batch_invariant": False, "use_f16_accum": False, "gemm_type": "indexed"}
-    # FusedMoE's default activation is SiLU; DeepSeek-V4 passes swiglu_limit (ApplyMoEActivationConfig.from_configs)
-    limit = d.hf_config.get("swiglu_limit")
-    act_config = activation_mod.ApplyMoEActivationConfig(clamp_limit=None if limit is None else float(limit))
-    activation = hact.get_humming_activation(activation_mod.MoEActivation.SILU, act_config)
+    act_config = activation_mod.ApplyMoEActivationConfig(clamp_limit=moe.clamp_limit)
+    activation = hact.get_humming_activation(activation_mod.MoEActivation[moe.activation], act_config)
 
     specs: list[KernelSpec] = []
     original = KernelRuntime.__dict__["compile_many"]
     try:
         for sub, n, k in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
             layer = prepare_layer_config(shape_n=n, shape_k=k, weight_schema=weight_schema, input_schema=input_schema,
-                                         num_experts=experts, pad_n_to_multiple=256, pad_k_to_multiple=128,
+                                         num_experts=moe.experts, pad_n_to_multiple=256, pad_k_to_multiple=128,
                                          has_bias=False, torch_dtype=param_dtype, device=0)
             table = get_heuristics_config(layer_config=layer, use_f16_accum=False, use_batch_invariant=False,
                                           gemm_type="indexed")
@@ -157,7 +140,7 @@ def enumerate_kernels(d: Deployment) -> list[KernelSpec]:
             # The input of this GEMM: may_process_input -> _prepare_process_input_op (ops/input.py), vLLM's
             # arguments from HummingExpertsBase.process_input (layout "normal": no expert map, so no scatter).
             binary = sub == "w2"
-            act_type = ActivationType(activation["activation_type"] if binary else "none")
+            act_type = ActivationType(activation["activation_type"] if binary else "none")  # vLLM's MoEActivation
             config = ProcessInputProblemConfig(
                 input_dtype=DataType.from_torch_dtype(param_dtype),  # hidden states, and w13's bf16 output
                 hidden_size=layer.shape_k - layer.pad_shape_k,
@@ -174,7 +157,4 @@ def enumerate_kernels(d: Deployment) -> list[KernelSpec]:
             specs += rec.specs
     finally:
         KernelRuntime.compile_many = original
-    unique: dict[str, KernelSpec] = {}
-    for s in specs:  # Humming's KernelRuntime keeps one object per (class, arguments): one compile each
-        unique.setdefault(json.dumps(s.key(), sort_keys=True), s)
-    return list(unique.values())
+    return specs
