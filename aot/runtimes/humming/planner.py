@@ -25,6 +25,9 @@ from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSett
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.loader.humming_serving import NAME, HummingLaunch
 
+# The kernel classes Humming's MoE path constructs (humming.kernel.*); a --kernels selection naming none skips planning.
+KERNEL_CLASSES = ("humming.kernel.humming:HummingKernel", "humming.kernel.process_input:ProcessInputKernel",
+                  "humming.kernel.process_input:ProcessInputScaleKernel")
 NVRTC_LIB_DIRS = ("cu13/lib", "cuda_nvrtc/lib")  # under the `nvidia` namespace: where the nvrtc wheels put libnvrtc
 
 
@@ -73,7 +76,7 @@ def _tools() -> dict[str, Any]:
 
 def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
     tables = model.tables.get(NAME)
-    if tables is None or not selection.in_groups(("dsv4",)):
+    if tables is None or not selection.in_groups(("dsv4",)) or not any(map(selection.wants, KERNEL_CLASSES)):
         return
     layers = tables.experts(d)
     if not layers:
