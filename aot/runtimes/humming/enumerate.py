@@ -27,7 +27,9 @@ from typing import Any
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
+from nojit.aot.runtimes.humming import standin
 from nojit.aot.runtimes.humming.tables import MoeExperts
+from nojit.aot.vllm_env import import_kernel_module
 from nojit.loader.humming_serving import kernel_key
 
 @dataclass(frozen=True)
@@ -61,8 +63,6 @@ class _Recorder:
 
 def tp_shapes(d: Deployment, moe: MoeExperts) -> tuple[int, int]:
     """(hidden, intermediate per TP rank), after vLLM's MXFP4 round-up for the Humming backend."""
-    from nojit.aot.vllm_env import import_kernel_module
-
     tp = d.tensor_parallel_size
     if moe.intermediate % tp:
         raise BuildError(f"moe_intermediate_size {moe.intermediate} is not divisible by tensor_parallel_size {tp}",
@@ -74,8 +74,6 @@ def tp_shapes(d: Deployment, moe: MoeExperts) -> tuple[int, int]:
 
 def enumerate_kernels(d: Deployment, layers: list[MoeExperts]) -> list[KernelSpec]:
     """Every Humming kernel the deployment's routed experts reach (needs the deployment platform installed)."""
-    from nojit.aot.runtimes.humming import standin
-
     p = d.platform
     standin.install(p.device_name, p.capability, p.sm_count)
     specs: list[KernelSpec] = []
@@ -89,8 +87,6 @@ def enumerate_kernels(d: Deployment, layers: list[MoeExperts]) -> list[KernelSpe
 
 def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
     import torch
-
-    from nojit.aot.vllm_env import import_kernel_module
 
     oracle = import_kernel_module("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
     hschema = import_kernel_module("vllm.model_executor.layers.quantization.utils.humming.schema")

@@ -23,6 +23,8 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
+from nojit.aot.runtimes.humming import standin
+from nojit.aot.runtimes.humming.enumerate import enumerate_kernels
 from nojit.loader.humming_serving import NAME, HummingLaunch
 
 # The kernel classes Humming's MoE path constructs (humming.kernel.*); a --kernels selection naming none skips planning.
@@ -85,8 +87,6 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
         import humming  # noqa: F401
     except ImportError:
         raise BuildError("humming-kernels is not installed", fix="install vLLM 0.33.0's humming-kernels (0.1.19)") from None
-    from nojit.aot.runtimes.humming.enumerate import enumerate_kernels
-
     specs = enumerate_kernels(d, layers)
     tools = _tools()
     for spec in specs:
@@ -108,8 +108,6 @@ def prepare_worker(settings: WorkerSettings) -> None:
 
 def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, settings: WorkerSettings) -> CompileResult:
     """Runs in a build worker: construct the kernel as Humming does (which compiles it), return cubin + key parts."""
-    from nojit.aot.runtimes.humming import standin
-
     device = kernel.info.get("device") or {}
     standin.install(device.get("name", "NVIDIA H200"), (9, 0), int(device.get("sm_count", 132)))
     from humming.jit.runtime import KernelRuntime
