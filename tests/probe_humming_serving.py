@@ -86,17 +86,23 @@ out["cubin_not_bundled"] = mismatched
 out["compiles"] = list(compiles)
 out["processes"] = list(processes)
 
-# a configuration the bundle lacks: the first GEMM key with another block shape
-gemm = next(e for kid in bundle.kernel_ids() if kid.endswith(":HummingKernel") for e in bundle.entries(kid))
-args = dict(gemm.key["args"], num_stages=gemm.key["args"]["num_stages"] + 1)
-from humming.kernel.humming import HummingKernel  # noqa: E402
-
+# a configuration the bundle lacks: the first bundled key with one tuning value changed
+first_id = next(k for k in bundle.kernel_ids() if bundle.index.kernels[k].runtime == "humming")
+first = bundle.entries(first_id)[0]
+args = dict(first.key["args"])
+if "num_stages" in args:
+    args["num_stages"] += 1
+else:
+    args["values_per_thread"] *= 2
+miss_module, _, miss_name = first_id.partition(":")
+miss_cls = getattr(sys.modules[miss_module], miss_name)
 try:
-    KernelRuntime.compile_many([(HummingKernel, args)], 0)
+    KernelRuntime.compile_many([(miss_cls, args)], 0)
     out["miss"] = "compiled"
 except KernelNotInBundleError as exc:
     out["miss"] = f"{exc.message} | fix: {exc.fix}"
 except Exception as exc:  # record mode lets Humming compile: its compile step is refused by the test's guard
     out["miss"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+out["miss_kernel"] = first_id
 out["compiles_after_miss"] = list(compiles)
 print(json.dumps(out))
