@@ -19,6 +19,7 @@ import sys
 import time
 
 bundle_path, mode = sys.argv[1], sys.argv[2]
+late = len(sys.argv) > 3 and sys.argv[3] == "late"  # Humming imported after install, as in a vLLM worker
 import traceback  # noqa: E402
 
 processes: list[str] = []
@@ -37,17 +38,28 @@ from nojit.loader.bundle_file import Bundle  # noqa: E402
 from nojit.loader.errors import KernelNotInBundleError  # noqa: E402
 from nojit.loader.install import install  # noqa: E402
 
-standin.install("NVIDIA H200", (9, 0), 132)  # imports Humming (its runtime too): nojit seeds at install
+if late:  # the stand-in goes in as soon as humming.device loads, before Humming's runtime (and nojit's seeding)
+    from nojit.loader.guards import RunAfterImport  # noqa: E402
+
+    sys.meta_path.insert(0, RunAfterImport(lambda name: name == "humming.device",
+                                           lambda: standin.install("NVIDIA H200", (9, 0), 132)))
+else:
+    standin.install("NVIDIA H200", (9, 0), 132)  # imports Humming (its runtime too): nojit seeds at install
 before_install = list(processes)
 t0 = time.perf_counter()
 inst = install(bundle_path=bundle_path, mode=mode)
 at_install = processes[len(before_install):]
 del processes[:]
+seeded_at_install = len(inst.humming.seeded)
 import humming.jit.compiler as compilers  # noqa: E402
-from humming.jit.runtime import KernelRuntime  # noqa: E402
+from humming.jit.runtime import KernelRuntime  # noqa: E402  (late: nojit seeds as this finishes loading)
+
+at_import = list(processes)
+del processes[:]
 
 seed_s = time.perf_counter() - t0
-out: dict = {"mode": mode, "processes_importing_humming": before_install, "processes_at_install": at_install, "seeded": len(inst.humming.seeded), "seed_s": round(seed_s, 3),
+out: dict = {"mode": mode, "late": late, "seeded_at_install": seeded_at_install,
+             "processes_importing_humming": before_install + at_import, "processes_at_install": at_install, "seeded": len(inst.humming.seeded), "seed_s": round(seed_s, 3),
              "cache_dir": inst.humming.cache_dir}
 compiles: list[str] = []
 for cls in (compilers.NVRTCCompiler, compilers.NVCCCompiler):  # count every arrival at Humming's compile step
