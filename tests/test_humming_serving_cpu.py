@@ -94,3 +94,15 @@ def test_record_mode_records_a_humming_miss(tmp_path, humming_bundle):
     assert len(misses) == 1 and misses[0]["kernel"] == out["miss_kernel"] == misses[0]["key"]["class"], misses
     assert misses[0]["source_hash"]  # so that `nojit build --add-keys` accepts it
     assert out["compiles_after_miss"] == ["NVRTCCompiler"]  # then Humming went on to compile it (the JIT)
+
+
+def test_device_check_reads_the_launch_geometry_from_the_cubins(tmp_path, humming_bundle):
+    """tests/gpu/check_humming.py (the H200 step) takes block and grid from each cubin's own constants."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "check_humming.py"), "--bundle",
+                        humming_bundle, "--list-only", "--json", str(tmp_path / "list.json")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.load(open(tmp_path / "list.json"))["loaded"]
+    inputs = [r for r in rows if r["kernel"] == "ProcessInputKernel"]
+    assert inputs and all(r["NUM_THREADS"] in (32, 64, 128, 256, 512, 1024) and r["COLUMNS_PER_TASK"] > 0
+                          and r["INPUT_ROW_SIZE"] in (4096, 1024) for r in inputs), inputs
