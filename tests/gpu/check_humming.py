@@ -129,6 +129,9 @@ def main() -> int:
         return 0 if entries else 1
 
     os.environ.setdefault("CUDA_DISABLE_PTX_JIT", "1")  # SASS only: the driver compiles nothing
+    processes: list[str] = []
+    sys.addaudithook(lambda ev, a: processes.append(f"{ev} {str(a)[:200]}")
+                     if ev in ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system") else None)
     import torch
 
     from nojit.loader.cuda_launch import launcher
@@ -173,9 +176,13 @@ def main() -> int:
             report["launched"].append(row)
             if not (worst <= 1.001 and scale_ok and row["nan_left"] == 0):
                 report["failures"].append(f"{kid} {e.origin} rows {rows}: {row}")
+    report["processes"] = processes
+    if processes:
+        report["failures"].append(f"processes started: {processes}")
     print(f"humming: {len(report['launched'])} launches of "
           f"{len({(r['origin'], r['threads']) for r in report['launched']})} process-input kernels vs float32 "
-          f"reference, {len(report['loaded'])} GEMM cubins loaded (PTX JIT off), {len(report['failures'])} failures")
+          f"reference, {len(report['loaded'])} GEMM cubins loaded (PTX JIT off), {len(processes)} processes, "
+          f"{len(report['failures'])} failures")
     for f in report["failures"][:20]:
         print("  FAIL", f)
     if opts.json:
