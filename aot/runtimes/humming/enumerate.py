@@ -120,19 +120,23 @@ def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
     act_config = activation_mod.ApplyMoEActivationConfig(clamp_limit=moe.clamp_limit)
     activation = hact.get_humming_activation(activation_mod.MoEActivation[moe.activation], act_config)
 
+    layers = {sub: prepare_layer_config(shape_n=n, shape_k=k, weight_schema=weight_schema, input_schema=input_schema,
+                                        num_experts=moe.experts, pad_n_to_multiple=256, pad_k_to_multiple=128,
+                                        has_bias=False, torch_dtype=param_dtype, device=0)
+              for sub, n, k in (("w13", 2 * inter, hidden), ("w2", hidden, inter))}
+    prequantized = _w13_input_quantized_by_vllm(weight_schema, input_schema, layers)
     specs: list[KernelSpec] = []
     original = KernelRuntime.__dict__["compile_many"]
     try:
-        for sub, n, k in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
-            layer = prepare_layer_config(shape_n=n, shape_k=k, weight_schema=weight_schema, input_schema=input_schema,
-                                         num_experts=moe.experts, pad_n_to_multiple=256, pad_k_to_multiple=128,
-                                         has_bias=False, torch_dtype=param_dtype, device=0)
+        for sub, layer in layers.items():
             table = get_heuristics_config(layer_config=layer, use_f16_accum=False, use_batch_invariant=False,
                                           gemm_type="indexed")
             rec = _Recorder(sub)
             KernelRuntime.compile_many = staticmethod(rec)
             HummingKernel.prepare_kernels(layer.to_str(), json.dumps(compute), json.dumps(table), 0)
             specs += rec.specs
+            if sub == "w13" and prequantized:
+                continue  # vLLM quantized it before the dispatch: Humming's process_input returns at once
             # The input of this GEMM: may_process_input -> _prepare_process_input_op (ops/input.py), vLLM's
             # arguments from HummingExpertsBase.process_input (layout "normal": no expert map, so no scatter).
             binary = sub == "w2"
@@ -154,3 +158,18 @@ def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
     finally:
         KernelRuntime.compile_many = original
     return specs
+
+
+def _w13_input_quantized_by_vllm(weight_schema: Any, input_schema: Any, layers: dict[str, Any]) -> bool:
+    """vLLM's own answer: block-FP8 activations are quantized by the prepare step (before the dispatch) and the
+    experts get a1q_scale (HummingExpertsBase._prequantizes_dispatch_activation on the quant config that
+    get_humming_moe_quant_config builds from the layer's schemas)."""
+    import types
+
+    hmoe = import_kernel_module("vllm.model_executor.layers.quantization.utils.humming.moe")
+    experts = import_kernel_module("vllm.model_executor.layers.fused_moe.experts.fused_humming_moe")
+    layer = types.SimpleNamespace(input_schemas={"w13": input_schema, "w2": input_schema},
+                                  weight_schemas={"w13": weight_schema, "w2": weight_schema}, humming_configs=layers)
+    quant_config = hmoe.get_humming_moe_quant_config(layer)
+    return bool(experts.HummingExpertsBase._prequantizes_dispatch_activation(types.SimpleNamespace(
+        quant_config=quant_config)))
