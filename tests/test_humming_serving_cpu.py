@@ -6,8 +6,8 @@ cache under the key this process's Humming computes (loader/humming_serving.py);
 Humming's own kernel creation finds every bundled kernel: no process (audit hook, and `strace -f` where
 installed), no arrival at Humming's compile step (counted). A configuration the bundle lacks is refused by name.
 
-The module's bundle holds the input-processing kernels only (11 of the default deployment's 67, about a
-minute on 2 cores with the enumeration); NOJIT_TEST_HUMMING_BUNDLE names a full bundle to check instead.
+The module's bundle holds the input-processing kernels only (5 of the default deployment's 61; about 2 minutes
+on 2 cores with vLLM's import and the enumeration); NOJIT_TEST_HUMMING_BUNDLE names a full bundle to check instead.
 """
 
 from __future__ import annotations

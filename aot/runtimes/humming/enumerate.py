@@ -8,9 +8,10 @@ Every forward then asks Humming for:
     each with the tuning table vLLM computed once (`get_heuristics_config(layer_config, ...)` in
     `init_humming_moe`); Humming's `HummingKernel.prepare_kernels` compiles one kernel per interval of that table
     at the first call (kernel/humming.py), so every interval's kernel is reached whatever M is;
-  * the input processing of each GEMM (`may_process_input` -> ops/input.py `_prepare_process_input_op`): block-FP8
-    quantization of the w13 input, clamped-SiLU + quantization of the w2 input; again Humming compiles one kernel
-    per tuning interval (`ProcessInputKernel.prepare_kernels`).
+  * the input processing of the w2 GEMM (`may_process_input` -> ops/input.py `_prepare_process_input_op`):
+    clamped SiLU * up and block-FP8 quantization; again Humming compiles one kernel per tuning interval
+    (`ProcessInputKernel.prepare_kernels`). The w13 input is not Humming's to process when vLLM quantizes it
+    before the dispatch (block-FP8 activations: `_prequantizes_dispatch_activation`, asked of vLLM here).
 
 The layer configs come from Humming's and vLLM's own functions (`Mxfp4WeightSchema`, vLLM's
 `_humming_input_schema` + `check_and_fallback_input_schema`, Humming's `prepare_layer_config`), the tables from
