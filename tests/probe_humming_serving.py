@@ -19,7 +19,8 @@ import sys
 import time
 
 bundle_path, mode = sys.argv[1], sys.argv[2]
-late = len(sys.argv) > 3 and sys.argv[3] == "late"  # Humming imported after install, as in a vLLM worker
+order = sys.argv[3] if len(sys.argv) > 3 else "early"
+late = order in ("late", "vllm")  # Humming imported after install, as in a vLLM worker
 import traceback  # noqa: E402
 
 processes: list[str] = []
@@ -38,6 +39,12 @@ from nojit.loader.bundle_file import Bundle  # noqa: E402
 from nojit.loader.errors import KernelNotInBundleError  # noqa: E402
 from nojit.loader.install import install  # noqa: E402
 
+if order == "vllm":  # vLLM's code computes Humming's configs below: the deployment's platform first
+    from nojit.aot.vllm_env import install_deployment_platform  # noqa: E402
+    from nojit.aot.deployment import load_deployment  # noqa: E402
+
+    deployment = load_deployment()
+    install_deployment_platform(deployment.platform)
 if late:  # the stand-in goes in as soon as humming.device loads, before Humming's runtime (and nojit's seeding)
     from nojit.loader.guards import RunAfterImport  # noqa: E402
 
@@ -75,6 +82,33 @@ for cls in (compilers.NVRTCCompiler, compilers.NVCCCompiler):  # count every arr
 
 registered: list[str] = []
 bundle = Bundle.open(bundle_path)
+if order == "vllm":
+    # The calls a vLLM worker makes at the first forward (HummingIndexedExperts.apply -> humming_forward ->
+    # HummingKernel.prepare_kernels with vLLM's tuning table; may_process_input -> ProcessInputKernel.prepare_kernels),
+    # with vLLM's own configuration code (aot/runtimes/humming/enumerate.py prepare_calls).
+    from humming.kernel.humming import HummingKernel  # noqa: E402
+    from humming.kernel.process_input import ProcessInputKernel  # noqa: E402
+
+    from nojit.aot.models.deepseek_v4.humming_moe import routed_experts  # noqa: E402
+    from nojit.aot.runtimes.humming.enumerate import prepare_calls  # noqa: E402
+
+    def register(self):  # the launcher registration is a GPU call: counted, with the id Humming would get
+        registered.append(self.kernel_filename)
+        self.kernel_id = len(registered)
+
+    HummingKernel.register_kernel = ProcessInputKernel.register_kernel = register
+    served = collections.Counter()
+    calls = [c for moe in routed_experts(deployment) for c in prepare_calls(deployment, moe)]
+    out["processes_computing_configs"] = list(processes)  # importing vLLM's modules (platform.architecture: `file`)
+    del processes[:]
+    t1 = time.perf_counter()
+    for call in calls:
+        configs = call.run()
+        served[call.op] += len(configs) // 4  # (min M, max M, kernel id, ...) per tuning interval
+    out.update(load_s=round(time.perf_counter() - t1, 3), intervals_per_op=dict(served), registered=len(registered),
+               compiles=list(compiles), processes=list(processes))
+    print(json.dumps(out))
+    sys.exit(0)
 served = collections.Counter()
 mismatched = []
 t1 = time.perf_counter()

@@ -106,3 +106,19 @@ def test_device_check_reads_the_launch_geometry_from_the_cubins(tmp_path, hummin
     inputs = [r for r in rows if r["kernel"] == "ProcessInputKernel"]
     assert inputs and all(r["NUM_THREADS"] in (32, 64, 128, 256, 512, 1024) and r["COLUMNS_PER_TASK"] > 0
                           and r["INPUT_ROW_SIZE"] in (4096, 1024) for r in inputs), inputs
+
+
+def test_vllm_calls_into_humming_find_every_kernel(tmp_path, humming_bundle):
+    """The calls a vLLM worker makes at the first forward, with vLLM's own tuning tables: HummingKernel.prepare_kernels
+    for w13 and w2 and ProcessInputKernel.prepare_kernels for the w2 input. Needs a bundle with the GEMM kernels
+    (NOJIT_TEST_HUMMING_BUNDLE, e.g. `nojit build --runtime humming`): in strict mode a missing kernel raises."""
+    from nojit.loader.bundle_file import Bundle
+
+    b = Bundle.open(humming_bundle)
+    if not any(k.endswith(":HummingKernel") for k in b.kernel_ids()):
+        pytest.skip("the module's bundle holds the input kernels only; set NOJIT_TEST_HUMMING_BUNDLE to a full one")
+    out, _ = _probe(tmp_path, humming_bundle, "strict", trace=False, order="vllm")
+    print("tuning intervals per op:", out["intervals_per_op"], "kernels:", out["registered"], "s:", out["load_s"])
+    assert set(out["intervals_per_op"]) == {"w13", "w2", "input:w2"}
+    assert out["registered"] == len({e.blob for k in b.kernel_ids() for e in b.entries(k)})
+    assert out["compiles"] == [] and out["processes"] == []

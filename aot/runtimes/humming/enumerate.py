@@ -86,7 +86,23 @@ def enumerate_kernels(d: Deployment, layers: list[MoeExperts]) -> list[KernelSpe
     return list(unique.values())
 
 
-def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
+@dataclass(frozen=True)
+class PrepareCall:
+    """One call the serving process makes into Humming at the first forward: `HummingKernel.prepare_kernels(layer,
+    compute, tuning, device)` (humming_forward -> ops.humming_gemm) or `ProcessInputKernel.prepare_kernels(config,
+    intervals, device, key)` (may_process_input -> ops.process_input). `run()` makes it."""
+
+    op: str
+    kernel_class: type
+    args: tuple[Any, ...]
+
+    def run(self) -> Any:
+        return self.kernel_class.prepare_kernels(*self.args)
+
+
+def prepare_calls(d: Deployment, moe: MoeExperts) -> list[PrepareCall]:
+    """The Humming calls of one MoE layer kind, with vLLM's and Humming's own configuration code (needs the
+    deployment platform and the Humming stand-in device where there is no GPU)."""
     import torch
 
     oracle = import_kernel_module("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
@@ -96,7 +112,6 @@ def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
     quant_utils = import_kernel_module("vllm.model_executor.layers.quantization.utils.quant_utils")
     from humming.config import ActivationType, ProcessInputLayoutType, ProcessInputProblemConfig
     from humming.dtypes import DataType
-    from humming.jit.runtime import KernelRuntime
     from humming.kernel.humming import HummingKernel
     from humming.kernel.process_input import ProcessInputKernel
     from humming.schema import BaseWeightSchema
@@ -126,38 +141,50 @@ def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
                                         has_bias=False, torch_dtype=param_dtype, device=0)
               for sub, n, k in (("w13", 2 * inter, hidden), ("w2", hidden, inter))}
     prequantized = _w13_input_quantized_by_vllm(weight_schema, input_schema, layers)
+    calls: list[PrepareCall] = []
+    for sub, layer in layers.items():
+        table = get_heuristics_config(layer_config=layer, use_f16_accum=False, use_batch_invariant=False,
+                                      gemm_type="indexed")
+        calls.append(PrepareCall(sub, HummingKernel, (layer.to_str(), json.dumps(compute), json.dumps(table), 0)))
+        if sub == "w13" and prequantized:
+            continue  # vLLM quantized it before the dispatch: Humming's process_input returns at once
+        # The input of this GEMM: may_process_input -> _prepare_process_input_op (ops/input.py), vLLM's
+        # arguments from HummingExpertsBase.process_input (layout "normal": no expert map, so no scatter).
+        binary = sub == "w2"
+        act_type = ActivationType(activation["activation_type"] if binary else "none")  # vLLM's MoEActivation
+        config = ProcessInputProblemConfig(
+            input_dtype=DataType.from_torch_dtype(param_dtype),  # hidden states, and w13's bf16 output
+            hidden_size=layer.shape_k - layer.pad_shape_k,
+            quant_mode=layer.input_quant_mode.value, quant_dtype=layer.a_dtype.dtype_str,
+            quant_group_size=layer.input_scale_group_size or None, group_scale_dtype=layer.as_dtype.dtype_str,
+            activation_type=act_type, activation_impl=activation["activation_impl"] if binary else None,
+            hadamard_block_size=weight_schema.hadamard_block_size,  # vLLM passes the schema's value (0)
+            layout=ProcessInputLayoutType("normal"), scatter_width=1, zero_invalid=False,
+            use_m_major_input_scale=False)
+        use_pdl = get_heuristics_class(0).should_use_pdl_for_input(layer, 1)  # sm_90: False at every M
+        calls.append(PrepareCall(f"input:{sub}", ProcessInputKernel,
+                                 (config, get_process_input_tuning_intervals(config, use_pdl), 0, (0, config, use_pdl))))
+    return calls
+
+
+def _layer_kernels(d: Deployment, moe: MoeExperts) -> list[KernelSpec]:
+    """Each call's kernels, recorded where Humming's prepare_kernels hands them to compile_many."""
+    from humming.jit.runtime import KernelRuntime
+
     specs: list[KernelSpec] = []
+    calls = prepare_calls(d, moe)
     original = KernelRuntime.__dict__["compile_many"]
     try:
-        for sub, layer in layers.items():
-            table = get_heuristics_config(layer_config=layer, use_f16_accum=False, use_batch_invariant=False,
-                                          gemm_type="indexed")
-            rec = _Recorder(sub)
+        for call in calls:
+            rec = _Recorder(call.op)
             KernelRuntime.compile_many = staticmethod(rec)
-            HummingKernel.prepare_kernels(layer.to_str(), json.dumps(compute), json.dumps(table), 0)
-            specs += rec.specs
-            if sub == "w13" and prequantized:
-                continue  # vLLM quantized it before the dispatch: Humming's process_input returns at once
-            # The input of this GEMM: may_process_input -> _prepare_process_input_op (ops/input.py), vLLM's
-            # arguments from HummingExpertsBase.process_input (layout "normal": no expert map, so no scatter).
-            binary = sub == "w2"
-            act_type = ActivationType(activation["activation_type"] if binary else "none")  # vLLM's MoEActivation
-            config = ProcessInputProblemConfig(
-                input_dtype=DataType.from_torch_dtype(param_dtype),  # hidden states, and w13's bf16 output
-                hidden_size=layer.shape_k - layer.pad_shape_k,
-                quant_mode=layer.input_quant_mode.value, quant_dtype=layer.a_dtype.dtype_str,
-                quant_group_size=layer.input_scale_group_size or None, group_scale_dtype=layer.as_dtype.dtype_str,
-                activation_type=act_type, activation_impl=activation["activation_impl"] if binary else None,
-                hadamard_block_size=weight_schema.hadamard_block_size,  # vLLM passes the schema's value (0)
-                layout=ProcessInputLayoutType("normal"), scatter_width=1, zero_invalid=False,
-                use_m_major_input_scale=False)
-            use_pdl = get_heuristics_class(0).should_use_pdl_for_input(layer, 1)  # sm_90: False at every M
-            rec = _Recorder(f"input:{sub}")
-            KernelRuntime.compile_many = staticmethod(rec)
-            ProcessInputKernel.prepare_kernels(config, get_process_input_tuning_intervals(config, use_pdl), 0, None)
+            call.kernel_class._str2kernel_cache.clear()  # a cached call hands nothing to compile_many
+            call.run()
             specs += rec.specs
     finally:
         KernelRuntime.compile_many = original
+        for call in calls:  # the recorder's stand-in kernel ids must not answer a later call
+            call.kernel_class._str2kernel_cache.clear()
     return specs
 
 
