@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--ray", metavar="ADDRESS", help="compile on this Ray cluster (auto, ray://host:port); needs nojit[ray]")
     b.add_argument("--groups", help="comma-separated kernel groups to build (default: all the deployment reaches)")
     b.add_argument("--kernels", help="comma-separated substrings: build only kernels whose id contains one")
-    b.add_argument("--runtime", default="triton,tilelang,cutedsl,deepgemm,flashinfer",
-                   help="comma list of triton, tilelang, cutedsl, deepgemm, flashinfer (default: all; without "
-                        "deepgemm and flashinfer the build runs no nvcc)")
+    b.add_argument("--runtime", default="triton,tilelang,cutedsl,deepgemm,flashinfer,humming",
+                   help="comma list of triton, tilelang, cutedsl, deepgemm, flashinfer, humming (default: all; without "
+                        "deepgemm and flashinfer the build runs no nvcc; humming compiles with NVRTC)")
     b.add_argument("-j", "--jobs", type=int, default=max(1, os.cpu_count() or 1), help="compile workers")
     b.add_argument("--add-keys", action="append", metavar="FILE", help="merge keys recorded with NOJIT_MODE=record")
     b.add_argument("--emit-plan", metavar="FILE", help="also write the compile plan as JSON")

@@ -156,6 +156,7 @@ class Installation:
     cutedsl: dict[str, Any] = field(default_factory=dict)  # kernel id -> CuteKernelServer (cutedsl_serving)
     deepgemm: Any = None  # DeepGemmServing (loader/deepgemm_serving.py) when the bundle has DeepGEMM entries
     flashinfer: Any = None  # FlashInferServing: FlashInfer's modules as a jit-cache provider (flashinfer_serving.py)
+    humming: Any = None  # HummingServing: Humming's cache seeded from the bundle (humming_serving.py)
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
 
@@ -190,6 +191,10 @@ class Installation:
             from nojit.loader import flashinfer_serving
 
             flashinfer_serving.uninstall()
+        if self.humming is not None:
+            from nojit.loader import humming_serving
+
+            humming_serving.uninstall()
         self.triton.clear()
         self.tilelang.clear()
         self.cutedsl.clear()
@@ -280,6 +285,11 @@ def install(
             from nojit.loader import flashinfer_serving
 
             inst.flashinfer = flashinfer_serving.install(bundle, flashinfer_ids, policy)
+        humming_ids = [k for k in wanted if records[k].runtime == "humming"]
+        if humming_ids:
+            from nojit.loader import humming_serving
+
+            inst.humming = humming_serving.install(bundle, humming_ids, policy)
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)

@@ -23,7 +23,7 @@ from typing import Any
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
-RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer")
+RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
@@ -677,6 +677,12 @@ def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, Blob
         launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
         if launch.kind == "module" and key != launch.module:
             raise ef._bad("key", "is not the FlashInfer module's name")
+    elif record.runtime == "humming":
+        from nojit.loader.humming_serving import HummingLaunch
+
+        launch = HummingLaunch.from_json(lf)  # type: ignore[assignment]
+        if not (isinstance(key, dict) and key.get("class") == kernel and isinstance(key.get("args"), dict)):
+            raise ef._bad("key", "is not {class: <this kernel>, args: {...}} (a Humming kernel's constructor arguments)")
     else:
         launch = TileLangLaunch.from_json(lf)
         _check_tilelang_key(ef, key, launch)

@@ -50,16 +50,6 @@ UNSERVED: tuple[UnservedJit, ...] = (
         unavoidable="the sparse-attention indexer has no non-DeepGEMM path on CUDA; VLLM_DEEP_GEMM_WARMUP=skip only "
         "moves the compiles to the profile run and capture (issue 11: MQA logits not enumerated yet)",
     ),
-    UnservedJit(
-        "Humming (MXFP4 MoE, NVRTC in a child process)",
-        "humming",
-        "the routed experts (MXFP4 on sm_90 picks HUMMING: fused_moe/oracle/mxfp4.py, humming/priority.py); "
-        "compiles at the first forward per configuration",
-        "refused: Humming's compile entry point is guarded; its NVRTC child never starts",
-        (Switch("--moe-backend marlin", "Humming for the MoE experts",
-                "Marlin's precompiled kernels (no JIT); vLLM prefers Humming on sm_90, so expect slower MoE "
-                "(not measured here)"),),
-    ),
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import Runtime
-from nojit.aot.runtimes import cutedsl, deepgemm, flashinfer, tilelang, triton
+from nojit.aot.runtimes import cutedsl, deepgemm, flashinfer, humming, tilelang, triton
 
 RUNTIMES: dict[str, Runtime] = {
     tilelang.RUNTIME.name: tilelang.RUNTIME,  # first: its slow compiles start first, and vLLM's mHC module imports first
@@ -12,6 +12,7 @@ RUNTIMES: dict[str, Runtime] = {
     cutedsl.RUNTIME.name: cutedsl.RUNTIME,  # vLLM's registered CuTeDSL owners (export_to_c objects)
     deepgemm.RUNTIME.name: deepgemm.RUNTIME,  # nvcc per entry (~40 s each); a rebuild takes them from the cache
     flashinfer.RUNTIME.name: flashinfer.RUNTIME,  # nvcc builds of FlashInfer's JIT modules (FlashInfer's AOT builder)
+    humming.RUNTIME.name: humming.RUNTIME,  # Humming's MXFP4 MoE kernels, compiled by Humming's NVRTC child (~7 s each)
 }
 
 

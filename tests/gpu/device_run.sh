@@ -19,6 +19,9 @@
 #   cutedsl  CuTeDSL entries of .device/cutedsl.nojit (`nojit build --runtime cutedsl -o .device/cutedsl.nojit` on
 #            the build box): each exported object's embedded sm_90a cubin loaded by the driver (PTX JIT off) and its
 #            kernel found; CuTeDSL itself is not on the device, so nothing is launched (tests/gpu/check_cutedsl.py)
+#   humming  Humming entries of .device/humming.nojit (`nojit build --runtime humming -o .device/humming.nojit` on the
+#            build box): every input-processing kernel launched through nojit's C launcher vs a float32 reference
+#            (Humming's test tolerance), every GEMM cubin loaded with PTX JIT off (tests/gpu/check_humming.py)
 #   wheel    the merged bundle made into a bundle wheel (`nojit package`), installed with the nojit wheel of .whl
 #            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
 #            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
@@ -106,6 +109,10 @@ PY
     cutedsl)
       CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_cutedsl.py --bundle .device/cutedsl.nojit \
         --json "$OUT/check_cutedsl.json" 2>&1 | tail -30 || rc=1
+      ;;
+    humming)
+      CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming.py --bundle .device/humming.nojit \
+        --json "$OUT/check_humming.json" 2>&1 | tail -30 || rc=1
       ;;
     deepgemm)
       if command -v strace >/dev/null; then

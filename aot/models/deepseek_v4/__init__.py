@@ -5,6 +5,7 @@ config_view.py   the slice of VllmConfig vLLM's warmup-key providers read
 owners.py        Triton warmup owners of the model path;  runner_owners.py  those of the model runners
 derived.py       keys derived from the model's call sites; runner_derived.py  from the runners'
 cutedsl_owners.py  vLLM's registered CuTeDSL owners (compressor head 512, indexer-q, dequant-gather-K)
+humming_moe.py   the routed experts as Humming runs them (MXFP4 on sm_90)
 mhc.py           the mHC numbers and the TileLang warmup registrations of the model
 deepseek-v4-flash.config.json   the built-in HF config (the default deployment's)
 """
@@ -22,6 +23,8 @@ from nojit.aot.models.deepseek_v4.runner_owners import RUNNER_OWNERS
 from nojit.aot.runtimes.deepgemm import DeepGemmTables
 from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, fp8_gemm_nt_shapes
 from nojit.aot.runtimes.flashinfer import FlashInferTables
+from nojit.aot.runtimes.humming import HummingTables
+from nojit.aot.models.deepseek_v4.humming_moe import routed_experts
 from nojit.aot.runtimes.tilelang import TileLangTables
 from nojit.aot.runtimes.triton import TritonTables
 
@@ -36,4 +39,5 @@ FLASHINFER = FlashInferTables(block_fp8_linears=lambda d: [(s.n, s.k) for s in f
 
 MODEL = Model(name="deepseek_v4", model_type="deepseek_v4",
               tables={"triton": TRITON, "tilelang": TILELANG, "cutedsl": CUTEDSL,
-                      "deepgemm": DeepGemmTables(shapes=deepgemm_shapes), "flashinfer": FLASHINFER})
+                      "deepgemm": DeepGemmTables(shapes=deepgemm_shapes), "flashinfer": FLASHINFER,
+                      "humming": HummingTables(experts=routed_experts)})

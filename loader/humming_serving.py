@@ -1,0 +1,298 @@
+"""Humming's MoE kernels served from the bundle through Humming's own cache lookup.
+
+vLLM's Humming experts ask Humming for their kernels at the first forward: `HummingKernel.prepare_kernels`
+and `ProcessInputKernel.prepare_kernels` construct one kernel object per tuning interval through
+`KernelRuntime.compile_many` (humming/jit/runtime.py), and each object's `prepare()` calls
+`Compiler.compile(code, ...)`, which returns `$HUMMING_CACHE_DIR/<key>/kernel.cubin` when it exists and otherwise
+starts the NVRTC child. Humming's key holds this machine's header mtimes, install paths and NVRTC version, so
+the bundle carries what the key is made of and the seed (loader/humming_cache.py) lets this process's Humming
+compute it and write its own layout with the bundled cubin. Humming then finds every bundled kernel by its
+own lookup: no process, no compile.
+
+When is it seeded: once `humming.jit.runtime` is imported (at install when it already is). The cache is a
+folder of nojit's per bundle (`NOJIT_HUMMING_DIR`, default `<tmp>/nojit-humming-<uid>/<digest>`), which
+`HUMMING_CACHE_DIR` points at, so Humming's lookups see bundled kernels only.
+
+A kernel the bundle lacks is caught where Humming is about to construct it (`compile_many` gets the kernel
+class and its arguments, the bundle's key): strict mode raises KernelNotInBundleError naming the kernel, its
+shape and configuration and how to add it; record mode records the key (for `nojit build --add-keys`) and
+lets Humming compile. Humming's compile step stays guarded in strict mode (loader/guards.py) behind this.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from nojit.loader.errors import BundleCorruptError, BundleMismatchError
+
+log = logging.getLogger("nojit")
+
+NAME = "humming"
+COMPILERS = ("NVRTCCompiler", "NVCCCompiler")
+RUNTIME_MODULE = "humming.jit.runtime"
+_SM = re.compile(r"^\d{2,3}a?$")
+
+
+@dataclass(frozen=True)
+class HummingLaunch:
+    """One Humming kernel: Humming loads and launches it itself after finding it in its cache; these are the
+    parts of Humming's cache key that belong to the kernel (the rest is computed on the serving machine)."""
+
+    compiler: str  # humming.jit.compiler class that compiled it
+    sm_version: str  # "90a"
+    kernel_expr: str | None
+    code: str  # the CUDA source Humming rendered
+    disable_fast_math: bool
+    postprocessed: bool  # compiled with a postprocess_cubin step (part of Humming's key)
+    kernel_name: str  # the mangled entry Humming's loader picks
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compiler": self.compiler, "sm_version": self.sm_version, "kernel_expr": self.kernel_expr,
+                "code": self.code, "disable_fast_math": self.disable_fast_math, "postprocessed": self.postprocessed,
+                "kernel_name": self.kernel_name}
+
+    @classmethod
+    def from_json(cls, f: Any) -> HummingLaunch:
+        compiler = f.str("compiler", max_len=64)
+        if compiler not in COMPILERS:
+            raise f._bad("compiler", f"= {compiler!r:.40} is not one of {COMPILERS}")
+        sm = f.str("sm_version", max_len=8)
+        if not _SM.match(sm):
+            raise f._bad("sm_version", f"= {sm!r:.20} is not an sm version like 90a")
+        expr = f.get("kernel_expr", (str, type(None)))
+        code = f.get("code", str)
+        if len(code) > 1 << 20 or "\0" in code or (expr is not None and (len(expr) > 1 << 14 or "\0" in expr)):
+            raise f._bad("code", "is not a Humming kernel source (too long or holds NUL)")
+        name = f.str("kernel_name", max_len=4096)
+        return cls(compiler, sm, expr, code, f.get("disable_fast_math", bool), f.get("postprocessed", bool), name)
+
+
+# ------------------------------------------------------------------------------------------------ keys
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def json_value(value: Any) -> Any:
+    """Humming's constructor arguments as JSON: enums by value, dtypes by name, tuples as lists."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # humming.dtypes.DataType: its name, which Humming's constructors parse back
+
+
+def kernel_key(cls: type, args: dict[str, Any]) -> dict[str, Any]:
+    """The bundle key of a kernel Humming constructs: its class and its arguments."""
+    return {"class": class_path(cls), "args": json_value(dict(args))}
+
+
+def canonical(key: Any) -> str:
+    return json.dumps(key, sort_keys=True, separators=(",", ":"))
+
+
+def describe(key: dict[str, Any]) -> str:
+    """Shape and configuration of a key, for messages."""
+    a = key.get("args", {})
+    cls = str(key.get("class", "?")).rpartition(":")[2]
+    if "shape_n" in a:
+        shape = f"N={a.get('shape_n')} K={a.get('shape_k')} experts={a.get('num_experts')} " \
+                f"{a.get('a_dtype')}x{a.get('b_dtype')} {a.get('gemm_type')}"
+        config = f"block {a.get('block_shape')} warp {a.get('warp_shape')} stages {a.get('num_stages')} " \
+                 f"stream_k {a.get('use_stream_k')} warp_spec {a.get('use_warp_spec')}"
+    else:
+        shape = f"hidden={a.get('hidden_size')} {a.get('input_dtype')}->{a.get('quant_dtype')} " \
+                f"group {a.get('quant_group_size')} activation {a.get('activation_type')} layout {a.get('layout')}"
+        config = f"threads {a.get('threads_per_task')} values {a.get('values_per_thread')} " \
+                 f"tokens {a.get('tokens_per_block')} phase {a.get('quantization_phase')}"
+    return f"{cls} {shape}; config {config}"
+
+
+# ------------------------------------------------------------------------------------------------ serving
+@dataclass
+class HummingServing:
+    """What install() did: the cache folder, the bundled keys, what was seeded and what Humming asked for."""
+
+    cache_dir: str
+    entries: dict[str, Any]  # canonical key -> Entry
+    headers_digest: str
+    nvrtc: str
+    bundle_path: str
+    source_hashes: dict[str, str]  # kernel class -> the bundle's source digest (recorded keys carry it)
+    seeded: list[str] = field(default_factory=list)  # paths Humming will find
+    hits: int = 0
+    misses: list[str] = field(default_factory=list)
+
+
+_current: HummingServing | None = None
+_state: dict[str, Any] = {"policy": None, "bundle": None, "hook": False, "original": None}
+_lock = threading.Lock()
+
+
+def installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("humming-kernels")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cache_dir(entries: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(sorted(e.blob for e in entries.values())).encode()).hexdigest()[:16]
+    base = os.environ.get("NOJIT_HUMMING_DIR") or os.path.join(tempfile.gettempdir(), f"nojit-humming-{os.getuid()}")
+    return os.path.join(base, digest)
+
+
+def install(bundle: Any, kernel_ids: list[str], policy: Any) -> HummingServing | None:
+    """Point Humming's cache at a folder of nojit's, seeded (now, or when Humming's runtime is imported) with the
+    bundle's kernels under the keys this process's Humming computes. None where Humming is not installed."""
+    global _current
+    records = [bundle.index.kernels[k] for k in kernel_ids]
+    built = {(r.info.get("humming_version"), r.info.get("headers_digest"), r.info.get("nvrtc")) for r in records}
+    if len(built) != 1 or None in next(iter(built)):
+        raise BundleCorruptError(f"{bundle.path}: Humming kernels disagree on (or lack) the humming-kernels version, "
+                                 f"headers digest or NVRTC version they were built with", fix="rebuild with `nojit build`")
+    version, headers, nvrtc = built.pop()
+    here = installed_version()
+    if here is None or importlib.util.find_spec("humming") is None:
+        log.info("nojit: humming-kernels is not installed here; the bundle's Humming entries are not needed")
+        return None
+    if here != version:
+        raise BundleMismatchError(f"{bundle.path}: its Humming kernels were built by humming-kernels {version}, this "
+                                  f"process has {here}",
+                                  fix=f"install humming-kernels=={version} (what vLLM requires), or rebuild the bundle")
+    entries = {canonical(e.key): e for k in sorted(kernel_ids) for e in bundle.entries(k)}
+    serving = HummingServing(_cache_dir(entries), entries, headers, nvrtc, bundle.path,
+                             {r.id: r.source_hash for r in records})
+    previous = os.environ.get("HUMMING_CACHE_DIR")
+    if previous and os.path.abspath(previous) != os.path.abspath(serving.cache_dir):
+        log.warning("nojit: HUMMING_CACHE_DIR=%s replaced by %s, where the bundle's %d Humming kernels are", previous,
+                    serving.cache_dir, len(entries))
+    os.environ["HUMMING_CACHE_DIR"] = serving.cache_dir
+    os.environ.setdefault("HUMMING_TMP_DIR", os.path.join(os.path.dirname(serving.cache_dir), "tmp"))
+    with _lock:
+        _current = serving
+        _state.update(policy=policy, bundle=bundle)
+    if RUNTIME_MODULE in sys.modules:
+        activate()
+    elif not _state["hook"]:
+        from nojit.loader.guards import RunAfterImport
+
+        sys.meta_path.insert(0, RunAfterImport(lambda name: name == RUNTIME_MODULE, activate))
+        _state["hook"] = True
+    return serving
+
+
+def current() -> HummingServing | None:
+    return _current
+
+
+def activate() -> None:
+    """Humming's runtime is loaded: check headers and NVRTC, seed every bundled kernel, watch compile_many."""
+    serving, bundle = _current, _state["bundle"]
+    if serving is None or bundle is None or serving.seeded:
+        return
+    from humming.jit import compiler as compilers
+    from humming.jit.runtime import KernelRuntime
+    from humming.utils import jit as jit_utils
+
+    from nojit.loader import humming_cache
+
+    for cached in (jit_utils.get_humming_cache_dir, jit_utils.get_humming_tmp_dir):
+        cached.cache_clear()  # read the variables install() set, even if Humming looked before
+    from nojit.loader.settings import Mode
+
+    if _state["policy"] is not None and _state["policy"].mode is Mode.STRICT:
+        _no_nvcc_probe()
+    chosen = KernelRuntime._get_compiler()
+    humming_cache.check_compatible(serving.headers_digest, serving.nvrtc, chosen, bundle.path)
+    for key, e in serving.entries.items():
+        launch = e.launch
+        if launch.compiler != chosen.__name__:
+            raise BundleMismatchError(f"{bundle.path}: Humming kernel {describe(e.key)} was compiled by "
+                                      f"{launch.compiler}; this process's Humming uses {chosen.__name__}",
+                                      fix="unset HUMMING_COMPILER (the bundle is built with Humming's NVRTC path)")
+        cubin = bundle.read_blob(e.blob)
+        path = humming_cache.seed(getattr(compilers, launch.compiler), launch.code, launch.sm_version,
+                                  launch.kernel_expr, launch.disable_fast_math, launch.postprocessed, cubin, e.blob)
+        serving.seeded.append(path)
+    _watch_compile_many(KernelRuntime)
+
+
+class _NoProcess:
+    """humming.utils.cuda's `subprocess` in strict mode: its only use is `nvcc -V` on each system CUDA folder."""
+
+    @staticmethod
+    def check_output(cmd: Any, *args: Any, **kwargs: Any) -> bytes:
+        raise OSError(f"nojit strict mode: {cmd!r} not run (Humming's CUDA version probe)")
+
+
+def _no_nvcc_probe() -> None:
+    """Humming's key holds the CUDA include folders it finds (NVRTCCompiler.get_flags -> filter_cuda_paths), and
+    finding them runs `nvcc -V` per system CUDA folder (humming/utils/cuda.py `_read_cuda_system_version`). In strict
+    mode nothing compiles, so the folders only need to be the same at seeding and at lookup: the probe fails in
+    process (Humming then reads the version from version.json / the folder name, as it does without nvcc), and no
+    process starts. Permissive and record modes keep Humming's probe: a miss is compiled with those folders."""
+    cuda = importlib.import_module("humming.utils.cuda")
+    if cuda.__dict__.get("subprocess") is not _NoProcess:
+        cuda.subprocess = _NoProcess
+        cuda.find_all_cuda_paths.cache_clear()
+
+
+def _watch_compile_many(runtime_cls: Any) -> None:
+    if _state["original"] is not None:
+        return
+    original = runtime_cls.__dict__["compile_many"].__func__
+
+    def compile_many(kernel_specs: Any, device: Any = None) -> Any:
+        specs = list(kernel_specs)
+        _check(specs)
+        return original(specs, device)
+
+    compile_many.__wrapped__ = original  # type: ignore[attr-defined]
+    runtime_cls.compile_many = staticmethod(compile_many)
+    _state["original"] = (runtime_cls, original)
+
+
+def _check(specs: list[tuple[type, dict[str, Any]]]) -> None:
+    """Before Humming constructs these kernels: a bundled key is a cache hit; any other goes to the policy."""
+    serving, policy = _current, _state["policy"]
+    if serving is None or policy is None:
+        return
+    for cls, args in specs:
+        key = kernel_key(cls, args)
+        entry = serving.entries.get(canonical(key))
+        if entry is not None:
+            serving.hits += 1
+            policy.served(entry.kernel, NAME, lambda key=key: key, "hit", serving.source_hashes[entry.kernel])
+            continue
+        serving.misses.append(describe(key))
+        policy.miss(key["class"], NAME, key, describe(key), serving.source_hashes.get(key["class"], ""),
+                    reason="Humming was about to compile it: add it with NOJIT_MODE=record, then "
+                           "`nojit build --add-keys FILE`")
+
+
+def uninstall() -> None:
+    """Tests: put compile_many back and forget the installation (the seeded folder stays)."""
+    global _current
+    with _lock:
+        if _state["original"] is not None:
+            cls, original = _state["original"]
+            cls.compile_many = staticmethod(original)
+        _state.update(policy=None, bundle=None, original=None)
+        _current = None

@@ -1,0 +1,154 @@
+"""Run by tests/test_humming_serving_cpu.py in a subprocess (under `strace -f -e trace=execve` where available).
+
+The serving process of a bundle with Humming entries: nojit installed (strict mode: firewall on, Humming's
+compile step guarded), then Humming's own kernel creation for every bundled key, as its prepare_kernels does it
+(`KernelRuntime.compile_many([(kernel class, arguments)])`: the object is constructed, renders its source and
+asks `Compiler.compile`, which must find the cubin in its cache). No GPU here: a stand-in H200 answers Humming's
+device questions and the launcher registration (`register_kernel`, a GPU call) is replaced by a counter; the
+path from kernel object to cubin file is Humming's own. Then one key the bundle lacks.
+
+Prints one JSON line. usage: probe_humming_serving.py BUNDLE MODE
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import sys
+import time
+
+bundle_path, mode = sys.argv[1], sys.argv[2]
+order = sys.argv[3] if len(sys.argv) > 3 else "early"
+late = order in ("late", "vllm")  # Humming imported after install, as in a vLLM worker
+import traceback  # noqa: E402
+
+processes: list[str] = []
+
+
+def _audit(event, args):
+    if event in ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system", "os.fork"):
+        where = [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno}" for f in traceback.extract_stack()[-12:-1]]
+        processes.append(f"{event} {str(args)[:160]} at {' < '.join(reversed(where[-6:]))}")
+
+
+sys.addaudithook(_audit)
+
+from nojit.aot.runtimes.humming import standin  # noqa: E402  (a stand-in for the GPU: device facts only)
+from nojit.loader.bundle_file import Bundle  # noqa: E402
+from nojit.loader.errors import KernelNotInBundleError  # noqa: E402
+from nojit.loader.install import install  # noqa: E402
+
+if order == "vllm":  # vLLM's code computes Humming's configs below: the deployment's platform first
+    from nojit.aot.vllm_env import install_deployment_platform  # noqa: E402
+    from nojit.aot.deployment import load_deployment  # noqa: E402
+
+    deployment = load_deployment()
+    install_deployment_platform(deployment.platform)
+if late:  # the stand-in goes in as soon as humming.device loads, before Humming's runtime (and nojit's seeding)
+    from nojit.loader.guards import RunAfterImport  # noqa: E402
+
+    sys.meta_path.insert(0, RunAfterImport(lambda name: name == "humming.device",
+                                           lambda: standin.install("NVIDIA H200", (9, 0), 132)))
+else:
+    standin.install("NVIDIA H200", (9, 0), 132)  # imports Humming (its runtime too): nojit seeds at install
+before_install = list(processes)
+t0 = time.perf_counter()
+inst = install(bundle_path=bundle_path, mode=mode)
+at_install = processes[len(before_install):]
+del processes[:]
+seeded_at_install = len(inst.humming.seeded)
+import humming.jit.compiler as compilers  # noqa: E402
+from humming.jit.runtime import KernelRuntime  # noqa: E402  (late: nojit seeds as this finishes loading)
+
+at_import = list(processes)
+del processes[:]
+
+seed_s = time.perf_counter() - t0
+out: dict = {"mode": mode, "late": late, "seeded_at_install": seeded_at_install,
+             "processes_importing_humming": before_install + at_import, "processes_at_install": at_install, "seeded": len(inst.humming.seeded), "seed_s": round(seed_s, 3),
+             "cache_dir": inst.humming.cache_dir}
+compiles: list[str] = []
+for cls in (compilers.NVRTCCompiler, compilers.NVCCCompiler):  # count every arrival at Humming's compile step
+    guard = cls.__dict__.get("_compile")
+
+    def counted(c, *args, _guard=guard, **kwargs):
+        compiles.append(c.__name__)
+        if _guard is None:
+            raise RuntimeError("no guard on Humming's compile step")
+        return _guard.__func__(c, *args, **kwargs)
+
+    cls._compile = classmethod(counted)
+
+registered: list[str] = []
+bundle = Bundle.open(bundle_path)
+if order == "vllm":
+    # The calls a vLLM worker makes at the first forward (HummingIndexedExperts.apply -> humming_forward ->
+    # HummingKernel.prepare_kernels with vLLM's tuning table; may_process_input -> ProcessInputKernel.prepare_kernels),
+    # with vLLM's own configuration code (aot/runtimes/humming/enumerate.py prepare_calls).
+    from humming.kernel.humming import HummingKernel  # noqa: E402
+    from humming.kernel.process_input import ProcessInputKernel  # noqa: E402
+
+    from nojit.aot.models.deepseek_v4.humming_moe import routed_experts  # noqa: E402
+    from nojit.aot.runtimes.humming.enumerate import prepare_calls  # noqa: E402
+
+    def register(self):  # the launcher registration is a GPU call: counted, with the id Humming would get
+        registered.append(self.kernel_filename)
+        self.kernel_id = len(registered)
+
+    HummingKernel.register_kernel = ProcessInputKernel.register_kernel = register
+    served = collections.Counter()
+    calls = [c for moe in routed_experts(deployment) for c in prepare_calls(deployment, moe)]
+    out["processes_computing_configs"] = list(processes)  # importing vLLM's modules (platform.architecture: `file`)
+    del processes[:]
+    t1 = time.perf_counter()
+    for call in calls:
+        configs = call.run()
+        served[call.op] += len(configs) // 4  # (min M, max M, kernel id, ...) per tuning interval
+    out.update(load_s=round(time.perf_counter() - t1, 3), intervals_per_op=dict(served), registered=len(registered),
+               compiles=list(compiles), processes=list(processes))
+    print(json.dumps(out))
+    sys.exit(0)
+served = collections.Counter()
+mismatched = []
+t1 = time.perf_counter()
+for kid in bundle.kernel_ids():
+    if bundle.index.kernels[kid].runtime != "humming":
+        continue
+    module, _, name = kid.partition(":")
+    cls = getattr(sys.modules.get(module) or __import__(module, fromlist=[name]), name)
+    cls.register_kernel = lambda self: registered.append(self.kernel_filename)  # GPU call: counted instead
+    for e in bundle.entries(kid):
+        args = dict(e.key["args"])
+        [kernel] = KernelRuntime.compile_many([(cls, args)], 0)  # Humming's own creation path (prepare_kernels)
+        with open(kernel.kernel_filename, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() != e.blob:
+                mismatched.append(kernel.kernel_filename)
+        served[e.origin] += 1
+out["load_s"] = round(time.perf_counter() - t1, 3)
+out["served_per_op"] = dict(served)
+out["registered"] = len(registered)
+out["cubin_not_bundled"] = mismatched
+out["compiles"] = list(compiles)
+out["processes"] = list(processes)
+
+# a configuration the bundle lacks: the first bundled key with one tuning value changed
+first_id = next(k for k in bundle.kernel_ids() if bundle.index.kernels[k].runtime == "humming")
+first = bundle.entries(first_id)[0]
+args = dict(first.key["args"])
+if "num_stages" in args:
+    args["num_stages"] += 1
+else:
+    args["values_per_thread"] *= 2
+miss_module, _, miss_name = first_id.partition(":")
+miss_cls = getattr(sys.modules[miss_module], miss_name)
+try:
+    KernelRuntime.compile_many([(miss_cls, args)], 0)
+    out["miss"] = "compiled"
+except KernelNotInBundleError as exc:
+    out["miss"] = f"{exc.message} | fix: {exc.fix}"
+except Exception as exc:  # record mode lets Humming compile: its compile step is refused by the test's guard
+    out["miss"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+out["miss_kernel"] = first_id
+out["compiles_after_miss"] = list(compiles)
+print(json.dumps(out))
