@@ -191,23 +191,34 @@ def deepgemm_build(tmp_path_factory):
 
 
 def test_build_compiles_each_entry_once_and_a_rebuild_none(deepgemm_build) -> None:
+    """Every entry compiled once; a rebuild takes every request from the build's compile cache (in the parent,
+    no worker, no nvcc) and writes the same bytes."""
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
     from nojit.loader.bundle_file import Bundle
 
     b = deepgemm_build
     m = Bundle.open(b["bundle"]).manifest
     names = {e.launch.entry for e in m.entries}
     assert len(names) == len(m.entries) > 0 and _compiles(b["toolkit"]) == len(names)
+    d = load_deployment()
+    limit = {s.name: s.m_limit or d.max_num_batched_tokens for shapes in deepgemm_shapes(d).values() for s in shapes}
     calls = [c for e in m.entries for c in e.launch.calls]
     per_shape: dict = {}
     for shape, _n, _k, first, last in calls:
         per_shape.setdefault(shape, []).append((first, last))
-    for ranges in per_shape.values():  # every M from 1 to max_num_batched_tokens maps to exactly one entry
+    assert set(per_shape) == set(limit)
+    for shape, ranges in per_shape.items():  # every M from 1 to the op's limit maps to exactly one entry
         ranges.sort()
-        assert ranges[0][0] == 1 and ranges[-1][1] == 8192
+        assert ranges[0][0] == 1 and ranges[-1][1] == limit[shape], shape
         assert all(a[1] + 1 == b2[0] for a, b2 in zip(ranges, ranges[1:]))
+    ops = {k.rpartition(":")[2]: sum(1 for e in m.entries if e.kernel == k) for k in m.kernels}
+    assert ops["fp8_fp4_mqa_logits"] >= 1 and ops["fp8_fp4_paged_mqa_logits"] >= 2  # next_n 1 and 2 (MTP 1)
+    assert ops["get_paged_mqa_logits_metadata"] >= 1
     again = str(b["dir"] / "again.nojit")
-    run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "-o", again, "--cache-dir",
-            str(b["dir"] / "cache"), "--quiet", env=b["env"])
+    out = run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "-o", again, "--cache-dir",
+                  str(b["dir"] / "cache"), env=b["env"]).stdout
+    assert f"{len(names)} of {len(names)} requests found, 0 to compile" in out, out
     assert _compiles(b["toolkit"]) == len(names)  # the cache answered every entry
     assert open(again, "rb").read() == open(b["bundle"], "rb").read()
 
@@ -232,7 +243,8 @@ def test_strict_install_serves_every_m_through_deepgemms_own_lookup_without_a_pr
     d = load_deployment()
     result = bundle_lookup_check(d, deepgemm_build["bundle"], str(tmp_path / "lookup"))
     assert result["ok"], {k: v for k, v in result.items() if k != "wrong"} | {"wrong": result.get("wrong")}
-    assert result["keys"] == result["shapes"] * d.max_num_batched_tokens and result["probe_answered"] == 1
+    assert result["keys"] == result["expected_keys"] and result["probe_answered"] == 1
+    assert {"fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata"} <= result["ops"]
     assert "/fw-" in result["nvcc_compiler"]  # DG_JIT_NVCC_COMPILER ends at strict mode's stand-in
     if result["traced"]:
         assert result["processes_started"] == []
@@ -273,7 +285,19 @@ def test_call_key_decodes_what_add_keys_resolves() -> None:
     assert einsum == {"op": "fp8_einsum", "n": 1024, "k": 4096, "m": 5, "groups": 2}
     assert hc == {"op": "tf32_hc_prenorm_gemm", "n": 24, "k": 16384, "m": 9, "splits": 16}
     assert recorded_op(hc)["splits"] == [16] and recorded_op(einsum)["groups"] == 2
-    assert call_key("fp8_fp4_mqa_logits", ()) is None
+    prefill = call_key("fp8_fp4_mqa_logits", ((t(300, 64, 128), None), (t(900, 128), t(900)), t(300, 64), None, None,
+                                              900))
+    assert prefill == {"op": "fp8_fp4_mqa_logits", "n": 64, "k": 128, "m": 300}
+    paged = call_key("fp8_fp4_paged_mqa_logits", ((t(7, 2, 64, 128), None), t(99, 64, 1, 132), t(14, 64), t(7, 2),
+                                                  t(7, 40), t(133, 2)), {"max_model_len": 262144})
+    assert paged == {"op": "fp8_fp4_paged_mqa_logits", "n": 64, "k": 128, "m": 7, "next_n": 2, "block_kv": 64,
+                     "max_context_len": 262144, "num_slots": 132}
+    assert recorded_op(paged)["next_n"] == 2 and recorded_op(paged)["max_context_len"] == 262144
+    assert recorded_op(prefill)["ms"] == [300]
+    schedule = call_key("get_paged_mqa_logits_metadata", (t(7, 2), 64, 132))
+    assert schedule == {"op": "get_paged_mqa_logits_metadata", "n": 2, "k": 64, "m": 7, "next_n": 2, "block_kv": 64,
+                        "num_slots": 132}
+    assert call_key("m_grouped_fp8_gemm_nt_contiguous", ()) is None
 
 
 def test_manifest_checks_deepgemm_launches() -> None:
