@@ -136,7 +136,8 @@ def indexer_shapes(d: Deployment) -> dict[str, list[GemmShape]]:
         # the schedule metadata sees no heads: its N is next_n and its K the block size in states
         metadata.append(GemmShape(f"indexer.schedule next_n={next_n} (indexer.py:1747)", next_n, block_kv,
                                   m_limit=d.max_num_seqs, indexer={"next_n": next_n, "block_kv": block_kv,
-                                                                   "num_slots": slots}))
+                                                                   "num_slots": slots, "heads": heads,
+                                                                   "head_dim": head_dim}))
     return {"fp8_fp4_mqa_logits": [prefill], "fp8_fp4_paged_mqa_logits": paged,
             "get_paged_mqa_logits_metadata": metadata}
 
