@@ -112,7 +112,8 @@ def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], kwargs: M
         key += f" (the build mapped this shape and M to {nearest}: DeepGEMM's key differs, check nvcc/DeepGEMM versions)"
     return KernelNotInBundleError(
         kernel_id(op), key, serving.bundle_path,
-        fix=f"add M={shape[2] if shape else '?'} for this shape to the deployment (max_num_batched_tokens) or record it "
+        fix=f"add M={shape[2] if shape else '?'} for this shape to the deployment (max_num_batched_tokens; the "
+        "indexer's decode batch: max_num_seqs) or record it "
         "with NOJIT_MODE=record, then `nojit build --add-keys keys.jsonl`; NOJIT_MODE=permissive lets DeepGEMM compile")
 
 

@@ -258,16 +258,22 @@ def test_recorded_key_is_added_by_add_keys(deepgemm_build, tmp_path) -> None:
     m = Bundle.open(b["bundle"]).manifest
     kid = "vllm.utils.deep_gemm:fp8_gemm_nt"
     n, k = m.entries[0].launch.calls[0][1:3]
+    paged = "vllm.utils.deep_gemm:fp8_fp4_paged_mqa_logits"
     record = tmp_path / "keys.jsonl"
     record.write_text(json.dumps({"kernel": kid, "runtime": "deepgemm", "outcome": "miss",
                                   "key": {"op": "fp8_gemm_nt", "n": n, "k": k, "m": 9000},
-                                  "source_hash": m.kernels[kid].source_hash}) + "\n")
+                                  "source_hash": m.kernels[kid].source_hash}) + "\n"
+                      + json.dumps({"kernel": paged, "runtime": "deepgemm", "outcome": "miss",  # batch > max_num_seqs
+                                    "key": {"op": "fp8_fp4_paged_mqa_logits", "n": 64, "k": 128, "m": 2000,
+                                            "next_n": 2, "block_kv": 64, "max_context_len": 262144, "num_slots": 132},
+                                    "source_hash": m.kernels[paged].source_hash}) + "\n")
     out = str(tmp_path / "more.nojit")
     run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "--add-keys", str(record), "-o", out,
             "--cache-dir", str(b["dir"] / "cache"), "--quiet", env=b["env"])
-    added = [e for e in Bundle.open(out).manifest.entries if isinstance(e.key, dict)]
-    assert len(added) == 1 and added[0].key["m"] == 9000 and added[0].origin.startswith("recorded:")
-    assert added[0].launch.entry.startswith("sm90_fp8_gemm_1d2d.") and added[0].launch.calls[0][3:] == (9000, 9000)
+    added = sorted((e for e in Bundle.open(out).manifest.entries if isinstance(e.key, dict)), key=lambda e: e.key["m"])
+    assert len(added) == 2 and added[1].key["m"] == 9000 and added[1].origin.startswith("recorded:")
+    assert added[1].launch.entry.startswith("sm90_fp8_gemm_1d2d.") and added[1].launch.calls[0][3:] == (9000, 9000)
+    assert added[0].launch.entry.startswith("sm90_fp8_paged_mqa_logits.") and added[0].launch.calls[0][3:] == (2000, 2000)
 
 
 def test_call_key_decodes_what_add_keys_resolves() -> None:

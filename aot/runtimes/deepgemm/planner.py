@@ -1,13 +1,16 @@
 """DeepGEMM in the build: the model's GEMM shapes into the plan, one cache entry's compile in a worker.
 
 Planning runs DeepGEMM's own ops on the fake device (enumerate.py) for every shape at every M
-from 1 to the deployment's max_num_batched_tokens; each distinct cache entry DeepGEMM picks becomes
+from 1 to the deployment's max_num_batched_tokens (the indexer's decode ops: batch 1 to max_num_seqs,
+shapes.py); each distinct cache entry DeepGEMM picks becomes
 one request whose key is DeepGEMM's own entry name (`<kernel>.<digest>`, the key its cache lookup
 uses) and whose compile inputs are its generated source, its flags and the calls it serves
 (shape, N, K, M range). A key recorded at serve time (NOJIT_MODE=record: {"op", "n", "k", "m"})
 is planned as it was recorded and resolved to its entry in the worker (one enumeration run).
 
 Kernel ids are vLLM's entry points (`vllm.utils.deep_gemm:<op>`), the functions the loader wraps.
+Compiled entries go through the build's compile cache (cache_inputs), so a rebuild starts no worker
+and no nvcc for an entry it compiled before.
 Their source digest is DeepGEMM's version plus its `include/deep_gemm` headers (loader/deepgemm_cache.py
 headers_digest): DeepGEMM hashes those headers into every entry name, so other headers find nothing.
 """
