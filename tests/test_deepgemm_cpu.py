@@ -317,3 +317,30 @@ def test_manifest_checks_deepgemm_launches() -> None:
                        ({"calls": [["s", 1, 2, 3]]}, "calls"), ({"source": "a\0b"}, "source")):
         with pytest.raises(BundleCorruptError, match=f"launch.{field}"):
             DeepGemmLaunch.from_json(_Fields({**good, **bad}, "launch", "b.nojit"))
+
+
+def test_cache_inputs_cover_what_changes_an_entry() -> None:
+    """The compile cache's inputs (aot/compile_cache.py digest) change with the generated source, the flags, the
+    nvcc version text, the calls (the launch), the headers digest and the target facts; nothing else moves them."""
+    from nojit.aot.compile_cache import digest_of
+    from nojit.aot.plan import PlanKernel, PlanRequest
+    from nojit.aot.runtimes.deepgemm.planner import cache_inputs
+
+    kid = "vllm.utils.deep_gemm:fp8_fp4_paged_mqa_logits"
+    info = {"op": "fp8_fp4_paged_mqa_logits", "deep_gemm_version": "2.8.1", "nvcc_version": "V13.0.88",
+            "sm_count": 132, "pdl": True, "use_ue8m0": True}
+    inputs = {"source": "sm90_fp8_paged_mqa_logits<2, 64>", "flags": ["-O3"], "calls": [["decode", 64, 128, 1, 1024]]}
+
+    def digest(key="sm90_fp8_paged_mqa_logits.ab12", source_hash="h", info_=info, **changed) -> str:
+        request = PlanRequest(kid, key, "exact", "derived:deepgemm", compile_inputs={**inputs, **changed})
+        return digest_of(cache_inputs(request, PlanKernel("deepgemm", source_hash, [], dict(info_))))
+
+    base = digest()
+    assert digest() == base
+    changed = [digest(source="sm90_fp8_paged_mqa_logits<1, 64>"), digest(flags=["-O2"]),
+               digest(calls=[["decode", 64, 128, 1, 512]]), digest(source_hash="other headers"),
+               digest(key="sm90_fp8_paged_mqa_logits.cd34"), digest(info_={**info, "nvcc_version": "V13.1.0"}),
+               digest(info_={**info, "sm_count": 114})]
+    assert base not in changed and len(set(changed)) == len(changed)
+    recorded = PlanRequest(kid, {"op": "fp8_fp4_paged_mqa_logits", "m": 2000}, "exact", "recorded:x")
+    assert "extension" in cache_inputs(recorded, PlanKernel("deepgemm", "h", [], info))  # heuristics resolve it

@@ -40,6 +40,7 @@ from nojit.aot.runtimes.deepgemm.shapes import GemmShape, op_row
 from nojit.aot.target import TARGET
 from nojit.loader.deepgemm_cache import compress_keys, headers_digest
 from nojit.loader.manifest import DeepGemmLaunch
+from nojit.loader.versions import installed_version
 
 NAME = "deepgemm"
 GROUP = "deepgemm"  # the --groups name that selects DeepGEMM's entries
@@ -174,6 +175,7 @@ def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
         "key": request.key,
         "target": TARGET.to_json(),
         "compiler": _compiler_code(),
+        "vllm": installed_version("vllm"),  # its vendored include/cute and cutlass, which DeepGEMM's digest leaves out
     }
     if isinstance(request.key, str):
         c = request.compile_inputs
