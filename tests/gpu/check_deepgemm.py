@@ -8,8 +8,12 @@ compared with a float32 torch reference of the same FP8 block-scaled product (1x
 128x128 weight scales) within DeepGEMM's own test tolerance for FP8 x FP8 (calc_diff < 0.001:
 tests/generators.py QuantConfig.max_diff, tests/test_einsum.py), tf32_hc_prenorm_gemm (mHC, vLLM's split
 count for that M) with torch's TF32 product within DeepGEMM's tests/test_hyperconnection.py bound
-(calc_diff < 1e-8; the diff against a strict float32 product is reported too). calc_diff is DeepGEMM's
-testing.numeric. The nvcc probe is answered in process and any compile command refused:
+(calc_diff < 1e-8; the diff against a strict float32 product is reported too). The sparse-attention
+indexer's ops run as vLLM calls them on sm90: fp8_fp4_mqa_logits (prefill: two requests in one chunk, compressed
+logits) and fp8_fp4_paged_mqa_logits at next_n 1 and 2 on a schedule made by the bundled
+get_paged_mqa_logits_metadata (K cache in a block-outermost pool, shuffled block table), compared with DeepGEMM's
+tests/test_attention.py formula in float32 on the same FP8 inputs (calc_diff < 5e-6, its ref_diff_tol), their
+outputs allocated on memory just filled with NaN. calc_diff is DeepGEMM's testing.numeric. The nvcc probe is answered in process and any compile command refused:
 the check fails if DeepGEMM asked to compile anything or staged a compile. Device time is measured
 with CUDA events against torch._scaled_mm on the same shapes (blockwise scales when this torch has
 them, else tensorwise, said in the output).
