@@ -69,7 +69,7 @@ def call_key(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = 
         if op == "fp8_fp4_mqa_logits":  # ((q [M, H, D], q_sf), (k, k_sf), weights, ks, ke, max_seqlen_k)
             q = args[0][0]
             return {"op": op, "n": int(q.shape[1]), "k": int(q.shape[2]), "m": int(q.shape[0])}
-        if op == "fp8_fp4_paged_mqa_logits":  # ((q [B, next_n, H, D], sf), kv_cache, w, lens, table, schedule, max_model_len)
+        if op == "fp8_fp4_paged_mqa_logits":  # ((q [B, next_n, H, D], sf), kv_cache, w, lens, table, schedule, max_len)
             q, kv_cache, schedule = args[0][0], args[1], args[5]
             max_context = kwargs["max_model_len"] if "max_model_len" in kwargs else args[6]
             return {"op": op, "n": int(q.shape[2]), "k": int(q.shape[3]), "m": int(q.shape[0]),

@@ -273,7 +273,8 @@ def test_recorded_key_is_added_by_add_keys(deepgemm_build, tmp_path) -> None:
     added = sorted((e for e in Bundle.open(out).manifest.entries if isinstance(e.key, dict)), key=lambda e: e.key["m"])
     assert len(added) == 2 and added[1].key["m"] == 9000 and added[1].origin.startswith("recorded:")
     assert added[1].launch.entry.startswith("sm90_fp8_gemm_1d2d.") and added[1].launch.calls[0][3:] == (9000, 9000)
-    assert added[0].launch.entry.startswith("sm90_fp8_paged_mqa_logits.") and added[0].launch.calls[0][3:] == (2000, 2000)
+    assert added[0].launch.entry.startswith("sm90_fp8_paged_mqa_logits.")
+    assert added[0].launch.calls[0][3:] == (2000, 2000)
 
 
 def test_call_key_decodes_what_add_keys_resolves() -> None:

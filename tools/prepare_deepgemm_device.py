@@ -39,8 +39,8 @@ def main() -> None:
                     help="the compile cache `nojit build` uses (entries compiled before are taken from it)")
     ap.add_argument("--package-only", action="store_true", help="recopy deep_gemm/ and lib/ only")
     ap.add_argument("--every-entry", action="store_true",
-                    help="every entry of the chosen shapes (all shapes unless --shapes is given; M = 1..max_num_batched_tokens "
-                    "enumerated): the check runs --ms plus the first M of each run of M that maps to one entry")
+                    help="every entry of the chosen shapes (all shapes unless --shapes is given; M = "
+                    "1..max_num_batched_tokens enumerated): the check runs --ms plus the first M of each run of M that maps to one entry")
     args = ap.parse_args()
     if args.package_only:
         copy_package(args.out)

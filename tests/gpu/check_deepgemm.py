@@ -13,8 +13,8 @@ indexer's ops run as vLLM calls them on sm90: fp8_fp4_mqa_logits (prefill: two r
 logits) and fp8_fp4_paged_mqa_logits at next_n 1 and 2 on a schedule made by the bundled
 get_paged_mqa_logits_metadata (K cache in a block-outermost pool, shuffled block table), compared with DeepGEMM's
 tests/test_attention.py formula in float32 on the same FP8 inputs (calc_diff < 5e-6, its ref_diff_tol), their
-outputs allocated on memory just filled with NaN. calc_diff is DeepGEMM's testing.numeric. The nvcc probe is answered in process and any compile command refused:
-the check fails if DeepGEMM asked to compile anything or staged a compile. Device time is measured
+outputs allocated on memory just filled with NaN. calc_diff is DeepGEMM's testing.numeric. The nvcc probe is
+answered in process and any compile command refused: the check fails if DeepGEMM asked to compile anything or staged a compile. Device time is measured
 with CUDA events against torch._scaled_mm on the same shapes (blockwise scales when this torch has
 them, else tensorwise, said in the output).
 """
