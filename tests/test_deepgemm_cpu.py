@@ -4,8 +4,8 @@ The lookup tests run vLLM's vendored DeepGEMM for real on a GPU-less box (its de
 driver answered by the build-side stand-ins) and need a C compiler and CUDA headers (nvcc's toolkit);
 they are skipped without them. The build tests run `nojit build --runtime deepgemm` for the default
 deployment with a stand-in nvcc (placeholder cubins: the real compile is ~40 s per entry and is checked
-on the H200, tests/gpu/check_deepgemm.py). 14 minutes in all on the shared 2-core box at load ~20 (the
-build's enumeration of 90,112 calls and the strict lookup of all of them under strace dominate).
+on the H200, tests/gpu/check_deepgemm.py). 7-10 minutes in all on the shared 2-core box at load ~13 (the
+build's enumeration of 102,400 calls and the strict lookup of all of them under strace dominate).
 """
 
 from __future__ import annotations
