@@ -48,9 +48,12 @@ def extension_path(dg: Any) -> str:
     return os.path.join(pkg, names[0])
 
 
-def call_key(op: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
-    """{"op", "n", "k", "m"} (+ "groups" / "splits") of a call of vLLM's DeepGEMM entry point, as `nojit build
-    --add-keys` resolves it (aot/runtimes/deepgemm/enumerate.py recorded_op); None for ops not decoded."""
+def call_key(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """{"op", "n", "k", "m"} (+ "groups" / "splits" / the indexer's fields) of a call of vLLM's DeepGEMM entry
+    point, as `nojit build --add-keys` resolves it (aot/runtimes/deepgemm/enumerate.py recorded_op); None for
+    ops not decoded. The indexer's ops: N = heads and K = head dim (the schedule metadata: N = next_n, K =
+    block size in states), M = Q rows (prefill) or the decode batch."""
+    kwargs = kwargs or {}
     try:
         if op == "fp8_gemm_nt":  # ((a, sfa), (b, sfb), d, ...)
             a, b = args[0][0], args[1][0]
@@ -63,18 +66,35 @@ def call_key(op: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
             x, fn = args[0], args[1]
             return {"op": op, "n": int(fn.shape[0]), "k": int(fn.shape[1]), "m": int(x.shape[0]),
                     "splits": int(args[4])}
-    except (IndexError, TypeError, AttributeError, ValueError):
+        if op == "fp8_fp4_mqa_logits":  # ((q [M, H, D], q_sf), (k, k_sf), weights, ks, ke, max_seqlen_k)
+            q = args[0][0]
+            return {"op": op, "n": int(q.shape[1]), "k": int(q.shape[2]), "m": int(q.shape[0])}
+        if op == "fp8_fp4_paged_mqa_logits":  # ((q [B, next_n, H, D], sf), kv_cache, w, lens, table, schedule, max_len)
+            q, kv_cache, schedule = args[0][0], args[1], args[5]
+            max_context = kwargs["max_model_len"] if "max_model_len" in kwargs else args[6]
+            return {"op": op, "n": int(q.shape[2]), "k": int(q.shape[3]), "m": int(q.shape[0]),
+                    "next_n": int(q.shape[1]), "block_kv": int(kv_cache.shape[1]), "max_context_len": int(max_context),
+                    "num_slots": int(schedule.shape[0]) - 1}
+        if op == "get_paged_mqa_logits_metadata":  # (context_lens [B, next_n], block_size, num_sms, indices=)
+            from vllm.utils.deep_gemm import _paged_mqa_logits_schedule_slots
+
+            lens, block_kv, num_sms = args[0], int(args[1]), int(args[2])
+            next_n = int(lens.shape[1]) if len(lens.shape) == 2 else 1
+            return {"op": op, "n": next_n, "k": block_kv, "m": int(lens.shape[0]), "next_n": next_n,
+                    "block_kv": block_kv, "num_slots": _paged_mqa_logits_schedule_slots(num_sms, next_n)}
+    except (IndexError, KeyError, TypeError, AttributeError, ValueError, ImportError):
         pass
     return None
 
 
-def _shape_of(op: str, args: tuple[Any, ...]) -> tuple[int, int, int] | None:
+def _shape_of(op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """(n, k, m) of a call, for the message."""
-    key = call_key(op, args)
+    key = call_key(op, args, kwargs)
     return (key["n"], key["k"], key["m"]) if key else None
 
 
-def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], before: int) -> KernelNotInBundleError:
+def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+             before: int) -> KernelNotInBundleError:
     command = serving.firewall.refused[before] if len(serving.firewall.refused) > before else ""
     staged = _STAGED_SOURCE.match(command)
     source = ""
@@ -84,7 +104,7 @@ def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], before: i
                 source = " ".join(line.strip() for line in f if line.strip() and not line.startswith("#"))
         except OSError:
             pass
-    shape = _shape_of(op, args)
+    shape = _shape_of(op, args, kwargs)
     where = f"N={shape[0]} K={shape[1]} M={shape[2]}" if shape else "shape not decoded"
     nearest = find_key(serving.section, op, *shape) if shape else None
     key = f"DeepGEMM {op} {where}: generated kernel [{source[:400]}]"
@@ -92,7 +112,8 @@ def _refusal(serving: DeepGemmServing, op: str, args: tuple[Any, ...], before: i
         key += f" (the build mapped this shape and M to {nearest}: DeepGEMM's key differs, check nvcc/DeepGEMM versions)"
     return KernelNotInBundleError(
         kernel_id(op), key, serving.bundle_path,
-        fix=f"add M={shape[2] if shape else '?'} for this shape to the deployment (max_num_batched_tokens) or record it "
+        fix=f"add M={shape[2] if shape else '?'} for this shape to the deployment (max_num_batched_tokens; the "
+        "indexer's decode batch: max_num_seqs) or record it "
         "with NOJIT_MODE=record, then `nojit build --add-keys keys.jsonl`; NOJIT_MODE=permissive lets DeepGEMM compile")
 
 
@@ -100,8 +121,8 @@ def _wrap(serving: DeepGemmServing, module: Any, op: str, mode: Mode, recorder: 
           source_hash: str = "") -> None:
     original = getattr(module, op)
 
-    def record(args: tuple[Any, ...]) -> None:
-        key = call_key(op, args)
+    def record(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        key = call_key(op, args, kwargs)
         if recorder is not None and key:  # the form `nojit build --add-keys` resolves to DeepGEMM's entry
             recorder.record(kernel_id(op), "deepgemm", key, "miss", source_hash)
 
@@ -112,10 +133,10 @@ def _wrap(serving: DeepGemmServing, module: Any, op: str, mode: Mode, recorder: 
             out = original(*args, **kwargs)
         except RuntimeError as exc:
             if mode is Mode.STRICT and len(serving.firewall.refused) > before:
-                raise _refusal(serving, op, args, before) from exc
+                raise _refusal(serving, op, args, kwargs, before) from exc
             raise
         if len(serving.firewall.refused) > before:  # permissive/record: DeepGEMM compiled it
-            record(args)
+            record(args, kwargs)
         return out
 
     serving.originals[op] = original

@@ -4,8 +4,8 @@ The lookup tests run vLLM's vendored DeepGEMM for real on a GPU-less box (its de
 driver answered by the build-side stand-ins) and need a C compiler and CUDA headers (nvcc's toolkit);
 they are skipped without them. The build tests run `nojit build --runtime deepgemm` for the default
 deployment with a stand-in nvcc (placeholder cubins: the real compile is ~40 s per entry and is checked
-on the H200, tests/gpu/check_deepgemm.py). 14 minutes in all on the shared 2-core box at load ~20 (the
-build's enumeration of 90,112 calls and the strict lookup of all of them under strace dominate).
+on the H200, tests/gpu/check_deepgemm.py). 7-10 minutes in all on the shared 2-core box at load ~13 (the
+build's enumeration of 102,400 calls and the strict lookup of all of them under strace dominate).
 """
 
 from __future__ import annotations
@@ -191,23 +191,34 @@ def deepgemm_build(tmp_path_factory):
 
 
 def test_build_compiles_each_entry_once_and_a_rebuild_none(deepgemm_build) -> None:
+    """Every entry compiled once; a rebuild takes every request from the build's compile cache (in the parent,
+    no worker, no nvcc) and writes the same bytes."""
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
     from nojit.loader.bundle_file import Bundle
 
     b = deepgemm_build
     m = Bundle.open(b["bundle"]).manifest
     names = {e.launch.entry for e in m.entries}
     assert len(names) == len(m.entries) > 0 and _compiles(b["toolkit"]) == len(names)
+    d = load_deployment()
+    limit = {s.name: s.m_limit or d.max_num_batched_tokens for shapes in deepgemm_shapes(d).values() for s in shapes}
     calls = [c for e in m.entries for c in e.launch.calls]
     per_shape: dict = {}
     for shape, _n, _k, first, last in calls:
         per_shape.setdefault(shape, []).append((first, last))
-    for ranges in per_shape.values():  # every M from 1 to max_num_batched_tokens maps to exactly one entry
+    assert set(per_shape) == set(limit)
+    for shape, ranges in per_shape.items():  # every M from 1 to the op's limit maps to exactly one entry
         ranges.sort()
-        assert ranges[0][0] == 1 and ranges[-1][1] == 8192
+        assert ranges[0][0] == 1 and ranges[-1][1] == limit[shape], shape
         assert all(a[1] + 1 == b2[0] for a, b2 in zip(ranges, ranges[1:]))
+    ops = {k.rpartition(":")[2]: sum(1 for e in m.entries if e.kernel == k) for k in m.kernels}
+    assert ops["fp8_fp4_mqa_logits"] >= 1 and ops["fp8_fp4_paged_mqa_logits"] >= 2  # next_n 1 and 2 (MTP 1)
+    assert ops["get_paged_mqa_logits_metadata"] >= 1
     again = str(b["dir"] / "again.nojit")
-    run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "-o", again, "--cache-dir",
-            str(b["dir"] / "cache"), "--quiet", env=b["env"])
+    out = run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "-o", again, "--cache-dir",
+                  str(b["dir"] / "cache"), env=b["env"]).stdout
+    assert f"{len(names)} of {len(names)} requests found, 0 to compile" in out, out
     assert _compiles(b["toolkit"]) == len(names)  # the cache answered every entry
     assert open(again, "rb").read() == open(b["bundle"], "rb").read()
 
@@ -232,7 +243,8 @@ def test_strict_install_serves_every_m_through_deepgemms_own_lookup_without_a_pr
     d = load_deployment()
     result = bundle_lookup_check(d, deepgemm_build["bundle"], str(tmp_path / "lookup"))
     assert result["ok"], {k: v for k, v in result.items() if k != "wrong"} | {"wrong": result.get("wrong")}
-    assert result["keys"] == result["shapes"] * d.max_num_batched_tokens and result["probe_answered"] == 1
+    assert result["keys"] == result["expected_keys"] and result["probe_answered"] == 1
+    assert {"fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata"} <= result["ops"]
     assert "/fw-" in result["nvcc_compiler"]  # DG_JIT_NVCC_COMPILER ends at strict mode's stand-in
     if result["traced"]:
         assert result["processes_started"] == []
@@ -246,16 +258,23 @@ def test_recorded_key_is_added_by_add_keys(deepgemm_build, tmp_path) -> None:
     m = Bundle.open(b["bundle"]).manifest
     kid = "vllm.utils.deep_gemm:fp8_gemm_nt"
     n, k = m.entries[0].launch.calls[0][1:3]
+    paged = "vllm.utils.deep_gemm:fp8_fp4_paged_mqa_logits"
     record = tmp_path / "keys.jsonl"
     record.write_text(json.dumps({"kernel": kid, "runtime": "deepgemm", "outcome": "miss",
                                   "key": {"op": "fp8_gemm_nt", "n": n, "k": k, "m": 9000},
-                                  "source_hash": m.kernels[kid].source_hash}) + "\n")
+                                  "source_hash": m.kernels[kid].source_hash}) + "\n"
+                      + json.dumps({"kernel": paged, "runtime": "deepgemm", "outcome": "miss",  # batch > max_num_seqs
+                                    "key": {"op": "fp8_fp4_paged_mqa_logits", "n": 64, "k": 128, "m": 2000,
+                                            "next_n": 2, "block_kv": 64, "max_context_len": 262144, "num_slots": 132},
+                                    "source_hash": m.kernels[paged].source_hash}) + "\n")
     out = str(tmp_path / "more.nojit")
     run_cli("build", "--from-plan", b["plan"], "--runtime", "deepgemm", "--add-keys", str(record), "-o", out,
             "--cache-dir", str(b["dir"] / "cache"), "--quiet", env=b["env"])
-    added = [e for e in Bundle.open(out).manifest.entries if isinstance(e.key, dict)]
-    assert len(added) == 1 and added[0].key["m"] == 9000 and added[0].origin.startswith("recorded:")
-    assert added[0].launch.entry.startswith("sm90_fp8_gemm_1d2d.") and added[0].launch.calls[0][3:] == (9000, 9000)
+    added = sorted((e for e in Bundle.open(out).manifest.entries if isinstance(e.key, dict)), key=lambda e: e.key["m"])
+    assert len(added) == 2 and added[1].key["m"] == 9000 and added[1].origin.startswith("recorded:")
+    assert added[1].launch.entry.startswith("sm90_fp8_gemm_1d2d.") and added[1].launch.calls[0][3:] == (9000, 9000)
+    assert added[0].launch.entry.startswith("sm90_fp8_paged_mqa_logits.")
+    assert added[0].launch.calls[0][3:] == (2000, 2000)
 
 
 def test_call_key_decodes_what_add_keys_resolves() -> None:
@@ -273,7 +292,19 @@ def test_call_key_decodes_what_add_keys_resolves() -> None:
     assert einsum == {"op": "fp8_einsum", "n": 1024, "k": 4096, "m": 5, "groups": 2}
     assert hc == {"op": "tf32_hc_prenorm_gemm", "n": 24, "k": 16384, "m": 9, "splits": 16}
     assert recorded_op(hc)["splits"] == [16] and recorded_op(einsum)["groups"] == 2
-    assert call_key("fp8_fp4_mqa_logits", ()) is None
+    prefill = call_key("fp8_fp4_mqa_logits", ((t(300, 64, 128), None), (t(900, 128), t(900)), t(300, 64), None, None,
+                                              900))
+    assert prefill == {"op": "fp8_fp4_mqa_logits", "n": 64, "k": 128, "m": 300}
+    paged = call_key("fp8_fp4_paged_mqa_logits", ((t(7, 2, 64, 128), None), t(99, 64, 1, 132), t(14, 64), t(7, 2),
+                                                  t(7, 40), t(133, 2)), {"max_model_len": 262144})
+    assert paged == {"op": "fp8_fp4_paged_mqa_logits", "n": 64, "k": 128, "m": 7, "next_n": 2, "block_kv": 64,
+                     "max_context_len": 262144, "num_slots": 132}
+    assert recorded_op(paged)["next_n"] == 2 and recorded_op(paged)["max_context_len"] == 262144
+    assert recorded_op(prefill)["ms"] == [300]
+    schedule = call_key("get_paged_mqa_logits_metadata", (t(7, 2), 64, 132))
+    assert schedule == {"op": "get_paged_mqa_logits_metadata", "n": 2, "k": 64, "m": 7, "next_n": 2, "block_kv": 64,
+                        "num_slots": 132}
+    assert call_key("m_grouped_fp8_gemm_nt_contiguous", ()) is None
 
 
 def test_manifest_checks_deepgemm_launches() -> None:
@@ -287,3 +318,30 @@ def test_manifest_checks_deepgemm_launches() -> None:
                        ({"calls": [["s", 1, 2, 3]]}, "calls"), ({"source": "a\0b"}, "source")):
         with pytest.raises(BundleCorruptError, match=f"launch.{field}"):
             DeepGemmLaunch.from_json(_Fields({**good, **bad}, "launch", "b.nojit"))
+
+
+def test_cache_inputs_cover_what_changes_an_entry() -> None:
+    """The compile cache's inputs (aot/compile_cache.py digest) change with the generated source, the flags, the
+    nvcc version text, the calls (the launch), the headers digest and the target facts; nothing else moves them."""
+    from nojit.aot.compile_cache import digest_of
+    from nojit.aot.plan import PlanKernel, PlanRequest
+    from nojit.aot.runtimes.deepgemm.planner import cache_inputs
+
+    kid = "vllm.utils.deep_gemm:fp8_fp4_paged_mqa_logits"
+    info = {"op": "fp8_fp4_paged_mqa_logits", "deep_gemm_version": "2.8.1", "nvcc_version": "V13.0.88",
+            "sm_count": 132, "pdl": True, "use_ue8m0": True}
+    inputs = {"source": "sm90_fp8_paged_mqa_logits<2, 64>", "flags": ["-O3"], "calls": [["decode", 64, 128, 1, 1024]]}
+
+    def digest(key="sm90_fp8_paged_mqa_logits.ab12", source_hash="h", info_=info, **changed) -> str:
+        request = PlanRequest(kid, key, "exact", "derived:deepgemm", compile_inputs={**inputs, **changed})
+        return digest_of(cache_inputs(request, PlanKernel("deepgemm", source_hash, [], dict(info_))))
+
+    base = digest()
+    assert digest() == base
+    changed = [digest(source="sm90_fp8_paged_mqa_logits<1, 64>"), digest(flags=["-O2"]),
+               digest(calls=[["decode", 64, 128, 1, 512]]), digest(source_hash="other headers"),
+               digest(key="sm90_fp8_paged_mqa_logits.cd34"), digest(info_={**info, "nvcc_version": "V13.1.0"}),
+               digest(info_={**info, "sm_count": 114})]
+    assert base not in changed and len(set(changed)) == len(changed)
+    recorded = PlanRequest(kid, {"op": "fp8_fp4_paged_mqa_logits", "m": 2000}, "exact", "recorded:x")
+    assert "extension" in cache_inputs(recorded, PlanKernel("deepgemm", "h", [], info))  # heuristics resolve it

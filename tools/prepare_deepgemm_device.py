@@ -11,6 +11,8 @@ for the given shapes at the given M, and copies what the device needs into the i
     .device/deepgemm/lib/           libcudart.so.13, which the extension links against
 Usage: python tools/prepare_deepgemm_device.py [--shapes attention.wq_b,attention.wo_a,mhc.pre,...] [--ms 1,31,...] [-j N]
        python tools/prepare_deepgemm_device.py --every-entry   (every entry of the default deployment checked once)
+       python tools/prepare_deepgemm_device.py --every-entry --shapes indexer.prefill,indexer.decode,indexer.schedule
+                                                (every entry of those shapes; M over the whole enumerated range)
        python tools/prepare_deepgemm_device.py --package-only   (recopy deep_gemm/ and lib/, keep the entries)
 """
 
@@ -27,7 +29,8 @@ import time
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="attention.wq_b,attention.wo_b,attention.wo_a,mhc.pre,mhc.pre_delayed,"
-                    "mhc.pre_broadcast", help="shape names (their first word, shapes.py) to compile and check")
+                    "mhc.pre_broadcast,indexer.prefill,indexer.decode,indexer.schedule",
+                    help="shape names (their first word, shapes.py) to compile and check")
     ap.add_argument("--ms", default="1,31,32,64,513,4096,8192")
     ap.add_argument("-j", type=int, default=2)
     ap.add_argument("--out", default=".device/deepgemm")
@@ -36,8 +39,8 @@ def main() -> None:
                     help="the compile cache `nojit build` uses (entries compiled before are taken from it)")
     ap.add_argument("--package-only", action="store_true", help="recopy deep_gemm/ and lib/ only")
     ap.add_argument("--every-entry", action="store_true",
-                    help="every shape, every entry of the default deployment (M = 1..max_num_batched_tokens enumerated): "
-                    "the check runs --ms plus the first M of each run of M that maps to one entry")
+                    help="every entry of the chosen shapes (all shapes unless --shapes is given; M = "
+                    "1..max_num_batched_tokens enumerated): the check runs --ms plus the first M of each run of M that maps to one entry")
     args = ap.parse_args()
     if args.package_only:
         copy_package(args.out)
@@ -50,15 +53,16 @@ def main() -> None:
 
     d = load_deployment()
     ms = [int(x) for x in args.ms.split(",")]
+    every_shape = args.every_entry and "--shapes" not in sys.argv
     wanted = set(args.shapes.split(","))
     chosen = {s.name for shapes in deepgemm_shapes(d).values() for s in shapes
-              if args.every_entry or s.name.split(" ")[0] in wanted}
+              if every_shape or s.name.split(" ")[0] in wanted}
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
-    only, enum_ms = None, list(range(1, d.max_num_batched_tokens + 1))
-    if not args.every_entry:
-        probe = enumerate_keys(d, os.path.join(args.work, "probe"), ms=ms)
-        only, enum_ms = {k["entry"] for k in probe.keys if k["name"] in chosen}, ms
+    only, enum_ms = None, list(range(1, d.max_num_batched_tokens + 1)) if args.every_entry else ms
+    if not every_shape:
+        probe = enumerate_keys(d, os.path.join(args.work, "probe"), ms=enum_ms)
+        only = {k["entry"] for k in probe.keys if k["name"] in chosen}
     start = time.monotonic()
     section, cubins, stats = build_deepgemm_section(d, os.path.join(args.work, "build"), jobs=args.j, only=only,
                                                      ms=enum_ms, cache_dir=args.cache_dir)

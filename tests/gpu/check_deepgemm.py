@@ -8,9 +8,13 @@ compared with a float32 torch reference of the same FP8 block-scaled product (1x
 128x128 weight scales) within DeepGEMM's own test tolerance for FP8 x FP8 (calc_diff < 0.001:
 tests/generators.py QuantConfig.max_diff, tests/test_einsum.py), tf32_hc_prenorm_gemm (mHC, vLLM's split
 count for that M) with torch's TF32 product within DeepGEMM's tests/test_hyperconnection.py bound
-(calc_diff < 1e-8; the diff against a strict float32 product is reported too). calc_diff is DeepGEMM's
-testing.numeric. The nvcc probe is answered in process and any compile command refused:
-the check fails if DeepGEMM asked to compile anything or staged a compile. Device time is measured
+(calc_diff < 1e-8; the diff against a strict float32 product is reported too). The sparse-attention
+indexer's ops run as vLLM calls them on sm90: fp8_fp4_mqa_logits (prefill: two requests in one chunk, compressed
+logits) and fp8_fp4_paged_mqa_logits at next_n 1 and 2 on a schedule made by the bundled
+get_paged_mqa_logits_metadata (K cache in a block-outermost pool, shuffled block table), compared with DeepGEMM's
+tests/test_attention.py formula in float32 on the same FP8 inputs (calc_diff < 5e-6, its ref_diff_tol), their
+outputs allocated on memory just filled with NaN. calc_diff is DeepGEMM's testing.numeric. The nvcc probe is
+answered in process and any compile command refused: the check fails if DeepGEMM asked to compile anything or staged a compile. Device time is measured
 with CUDA events against torch._scaled_mm on the same shapes (blockwise scales when this torch has
 them, else tensorwise, said in the output).
 """
@@ -26,6 +30,15 @@ import sys
 
 TOLERANCE = 0.001  # FP8 x FP8: DeepGEMM's tests/generators.py max_diff and tests/test_einsum.py
 HC_TOLERANCE = 1e-8  # DeepGEMM's tests/test_hyperconnection.py, against a TF32 torch product
+# DeepGEMM's tests/test_attention.py for FP8 MQA logits (FP32 weights and logits): calc_diff < 5e-6 (ref_diff_tol)
+# against the float32 logits of the same (dequantized) FP8 inputs: the case's pass criterion. The test's other
+# bound, < 1e-3 against the unquantized inputs, measures the FP8 cast more than the kernel (an exact product of
+# the cast operands lands at 5e-4 .. 1.1e-3 on a few rows), so that diff is reported, not required.
+LOGITS_SIM_TOLERANCE = 5e-6
+LOGITS_TOLERANCE = 1e-3
+# calc_diff is global (one wrong logit among thousands moves it by ~1e-8), so each valid logit is held too: its
+# error against the same float32 reference within this share of the largest logit (nojit's bound, not DeepGEMM's)
+LOGITS_MAX_ERR = 5e-3
 MS = [1, 31, 32, 64, 513, 4096, 8192]
 
 
@@ -114,7 +127,9 @@ def main() -> int:
                                   and r[1] in section.get("check_shapes", [r[1]])})]
     torch.manual_seed(0)
     ok = True
-    ops = {"fp8_gemm_nt": _gemm_case, "fp8_einsum": _einsum_case, "tf32_hc_prenorm_gemm": _hc_case}
+    ops = {"fp8_gemm_nt": _gemm_case, "fp8_einsum": _einsum_case, "tf32_hc_prenorm_gemm": _hc_case,
+           "fp8_fp4_mqa_logits": _mqa_logits_case, "fp8_fp4_paged_mqa_logits": _paged_mqa_logits_case,
+           "get_paged_mqa_logits_metadata": _paged_mqa_logits_case}
     os.access("/nojit-deepgemm-calls-begin", os.F_OK)  # markers for device_run.sh's exec trace
     for row in rows:
         for i, m in enumerate(row["ms"]):
@@ -241,6 +256,161 @@ def _hc_case(dg, torch, row: dict, m: int, i: int, use_ue8m0: bool, iters: int) 
         out["baseline"] = "cuBLAS TF32 matmul (x.float() @ fn.T, without the square-sum)"
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+    return out
+
+
+def _poisoned(torch, fn):
+    """Run fn (an op that allocates its own output) on memory that was just filled with NaN: a same-sized block
+    of the caching allocator is filled and freed first, so the op's torch::empty gets it back. Returns (output,
+    whether it landed on the poisoned block)."""
+    probe = fn()
+    nbytes = probe.untyped_storage().nbytes()
+    del probe
+    torch.cuda.synchronize()
+    poison = torch.full((nbytes // 4,), float("nan"), device="cuda", dtype=torch.float32)
+    where = poison.data_ptr()
+    del poison
+    out = fn()
+    torch.cuda.synchronize()
+    return out, out.untyped_storage().data_ptr() == where
+
+
+def _fp8_rows(torch, x):
+    """Per-row FP8 with one FP32 scale per row (the indexer K cache's layout: 128 values + a 4-byte scale per token),
+    cast as DeepGEMM's tests/test_attention.py casts K (amax / 448, per_custom_dims_cast_to_fp8 and
+    kv_cache_cast_to_fp8), so its 1e-3 bound against the unquantized product applies as it was set."""
+    sf = x.abs().float().amax(-1, keepdim=True).clamp(1e-4) / 448.0
+    return (x.float() / sf).to(torch.float8_e4m3fn), sf.squeeze(-1).contiguous()
+
+
+def _logits_ref(torch, q, k, w):
+    """DeepGEMM's tests/test_attention.py formula: logits[m, n] = sum_h relu(q[m, h] . k[n]) * w[m, h], in float32,
+    chunked over n; q [M, H, D], k [N, D], w [M, H]."""
+    m, h, _ = q.shape
+    out = torch.empty(m, k.shape[0], device="cuda", dtype=torch.float32)
+    chunk = max(1, (256 << 20) // max(1, m * h * 4))
+    for n0 in range(0, k.shape[0], chunk):
+        score = torch.einsum("mhd,nd->hmn", q, k[n0:n0 + chunk])
+        out[:, n0:n0 + chunk] = torch.einsum("hmn,mh->mn", score.relu(), w)
+    return out
+
+
+def _max_err_rel(torch, got, ref) -> float:
+    """The largest error of one logit, as a share of the largest logit (both already zero off the valid range)."""
+    return float((got - ref).abs().max() / ref.abs().max().clamp(min=1e-30))
+
+
+def _mqa_logits_case(dg, torch, row: dict, m: int, i: int, use_ue8m0: bool, iters: int) -> dict:
+    """sparse_attn_indexer.py's prefill call on sm90: Q [M, H, D] FP8 without scales (vLLM folds them into the
+    weights), the chunk's gathered K [N, D] FP8 with FP32 scales [N], weights [M, H] FP32, and per row its K range
+    [ks, ke): two requests in one chunk (rows of the second start at the first's K length, causal ends), compressed
+    logits (max_seqlen_k = the longest range). Checked: every row's valid columns."""
+    from deep_gemm.testing.numeric import calc_diff
+
+    h, dim = row["n"], row["k"]
+    first = m // 2  # rows of request A; the rest are request B's
+    prefix_a, prefix_b = 300, 777
+    len_a = prefix_a + first
+    kv_len = len_a + prefix_b + (m - first)
+    rows = torch.arange(m, device="cuda", dtype=torch.int32)
+    in_b = rows >= first
+    ks = torch.where(in_b, len_a, 0).to(torch.int32)
+    ke = torch.where(in_b, len_a + prefix_b + (rows - first) + 1, prefix_a + rows + 1).to(torch.int32)
+    max_k = int((ke - ks).max())
+    q_bf = torch.randn(m, h, dim, device="cuda", dtype=torch.bfloat16)
+    kv_bf = torch.randn(kv_len, dim, device="cuda", dtype=torch.bfloat16)
+    weights = torch.randn(m, h, device="cuda", dtype=torch.float32)
+    q = q_bf.to(torch.float8_e4m3fn)
+    kv, kv_sf = _fp8_rows(torch, kv_bf)
+    call = lambda: dg.fp8_fp4_mqa_logits((q, None), (kv, kv_sf), weights, ks, ke, max_k)  # noqa: E731
+    logits, poisoned = _poisoned(torch, call)
+    cols = torch.arange(max_k, device="cuda")
+    valid = cols[None, :] < (ke - ks)[:, None]
+    index = (ks[:, None] + cols[None, :]).clamp(max=kv_len - 1).long()
+    sim = _logits_ref(torch, q.float(), kv.float() * kv_sf[:, None], weights).gather(1, index)
+    ref = _logits_ref(torch, q_bf.float(), kv_bf.float(), weights).gather(1, index)
+    got = logits.float().masked_fill(~valid, 0)
+    out = {"diff": float(calc_diff(got, ref.masked_fill(~valid, 0))),
+           "sim_diff": float(calc_diff(got, sim.masked_fill(~valid, 0))),
+           "nan": bool(torch.isnan(logits.float()[valid]).any()), "poisoned": poisoned, "kv_len": kv_len,
+           "shape": list(logits.shape)}
+    out["max_err_rel"] = _max_err_rel(torch, got, sim.masked_fill(~valid, 0))
+    out["ok"] = (out["sim_diff"] < LOGITS_SIM_TOLERANCE and out["max_err_rel"] < LOGITS_MAX_ERR and not out["nan"]
+                 and list(logits.shape) == [m, max_k])
+    out["diff_within_1e-3"] = out["diff"] < LOGITS_TOLERANCE
+    out["deepgemm_ms"] = _device_ms(torch, call, iters)
+    if m * h * kv_len * 2 <= 8 << 30:
+        qb, kb = q_bf.view(m * h, dim), kv_bf
+        out["baseline_ms"] = _device_ms(torch, lambda: qb @ kb.T, iters)
+        out["baseline"] = "cuBLAS bf16 GEMM of the same product (Q [M*H, D] @ K.T), without ReLU and head sum"
+    return out
+
+
+def _paged_mqa_logits_case(dg, torch, row: dict, m: int, i: int, use_ue8m0: bool, iters: int) -> dict:
+    """A decode step of batch M as sparse_attn_indexer.py:880 runs it on sm90, the schedule made by
+    get_paged_mqa_logits_metadata first (indexer.py:1747, vLLM's slot count): Q [M, next_n, H, D] FP8, the K cache
+    [blocks, block_kv, 1, D + 4] uint8 viewed from a block-outermost pool (stride(0) larger than one block),
+    context_lens [M, next_n] = L - next_n + j + 1, a shuffled block table, logits [M * next_n, max_model_len]."""
+    from deep_gemm.testing.numeric import calc_diff
+
+    next_n, block_kv = row["next_n"], row["block_kv"]
+    paged = row["op"] == "fp8_fp4_paged_mqa_logits"  # else the schedule metadata's row: N = next_n, K = block_kv
+    h, dim = (row["n"], row["k"]) if paged else (row["heads"], row["head_dim"])
+    max_context = row["max_context_len"] if paged else 8192
+    lens = torch.randint(next_n, 4096, (m,), device="cuda", dtype=torch.int32)
+    lens[0] = min(max_context, 20000)
+    blocks = (lens + block_kv - 1) // block_kv
+    total = int(blocks.sum())
+    width = block_kv * (dim + 4)
+    pool = torch.zeros(total + 3, width + 512, device="cuda", dtype=torch.uint8)  # other layers' bytes between blocks
+    values_bf = torch.randn(total, block_kv, dim, device="cuda", dtype=torch.bfloat16)
+    values, scales = _fp8_rows(torch, values_bf.view(-1, dim))
+    pool[:total, :block_kv * dim] = values.view(total, block_kv * dim).view(torch.uint8)
+    pool[:total, block_kv * dim:width] = scales.view(total, block_kv).view(torch.uint8)
+    kv_cache = pool.as_strided((total, block_kv, 1, dim + 4), (width + 512, dim + 4, dim + 4, 1))
+    order = torch.randperm(total, device="cuda", dtype=torch.int32)
+    max_blocks = int(blocks.max())
+    table = torch.zeros(m, max_blocks, device="cuda", dtype=torch.int32)
+    starts = [0] + torch.cumsum(blocks, 0).tolist()
+    for b in range(m):
+        table[b, :int(blocks[b])] = order[starts[b]:starts[b + 1]]
+    j = torch.arange(next_n, device="cuda", dtype=torch.int32)
+    context = (lens[:, None] - next_n + 1 + j[None, :]).clamp(min=0).to(torch.int32).contiguous()
+    q_bf = torch.randn(m, next_n, h, dim, device="cuda", dtype=torch.bfloat16)
+    q = q_bf.to(torch.float8_e4m3fn)
+    weights = torch.randn(m * next_n, h, device="cuda", dtype=torch.float32)
+    schedule = dg.get_paged_mqa_logits_metadata(context, block_kv, row["num_slots"])
+    call = lambda: dg.fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, context, table, schedule,  # noqa: E731
+                                               max_context)
+    logits, poisoned = _poisoned(torch, call)
+    k_deq = values.float().view(total, block_kv, dim) * scales.view(total, block_kv, 1)
+    k_raw = values_bf.float()
+    ref = torch.zeros(m * next_n, int(lens.max()), device="cuda")
+    sim = torch.zeros_like(ref)
+    for b in range(m):  # each request's K in token order through its block table
+        n = int(lens[b])
+        ids = table[b, :int(blocks[b])].long()
+        rows_b = slice(b * next_n, (b + 1) * next_n)
+        for out_ref, qq, kk in ((sim, q.float(), k_deq), (ref, q_bf.float(), k_raw)):
+            out_ref[rows_b, :n] = _logits_ref(torch, qq[b], kk[ids].reshape(-1, dim)[:n], weights[rows_b])
+    cols = torch.arange(ref.shape[1], device="cuda")
+    valid = cols[None, :] < context.view(-1)[:, None]
+    got = logits[:, :ref.shape[1]].float().masked_fill(~valid, 0)
+    out = {"diff": float(calc_diff(got, ref.masked_fill(~valid, 0))),
+           "sim_diff": float(calc_diff(got, sim.masked_fill(~valid, 0))),
+           "nan": bool(torch.isnan(logits[:, :ref.shape[1]].float()[valid]).any()), "poisoned": poisoned,
+           "next_n": next_n, "schedule": list(schedule.shape), "max_len": int(lens.max())}
+    out["max_err_rel"] = _max_err_rel(torch, got, sim.masked_fill(~valid, 0))
+    out["ok"] = (out["sim_diff"] < LOGITS_SIM_TOLERANCE and out["max_err_rel"] < LOGITS_MAX_ERR and not out["nan"]
+                 and list(logits.shape) == [m * next_n, max_context])
+    out["diff_within_1e-3"] = out["diff"] < LOGITS_TOLERANCE
+    out["deepgemm_ms"] = _device_ms(torch, call, iters)
+    width_k = int(lens.max())
+    if m * width_k * dim * 2 <= 4 << 30:
+        kg = torch.zeros(m, width_k, dim, device="cuda", dtype=torch.bfloat16)
+        qg = q_bf.view(m, next_n * h, dim)
+        out["baseline_ms"] = _device_ms(torch, lambda: torch.bmm(qg, kg.transpose(1, 2)), iters)
+        out["baseline"] = "cuBLAS bf16 bmm of the same product over the padded batch, without ReLU and head sum"
     return out
 
 

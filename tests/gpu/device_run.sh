@@ -15,7 +15,8 @@
 #            MLA metadata builders, MoE router): loader (strict) vs JIT per launch, outputs poisoned, observed keys
 #            against the plan and bundle
 #   deepgemm DeepGEMM cubins built on the GPU-less box (.device/deepgemm from tools/prepare_deepgemm_device.py)
-#            served through DeepGEMM's own cache lookup: fp8_gemm_nt vs a float32 reference, no compile, timed
+#            served through DeepGEMM's own cache lookup: the GEMMs and the indexer's MQA logits (prefill, paged
+#            decode with its schedule metadata) vs float32 references, no compile, timed
 #   cutedsl  CuTeDSL entries of .device/cutedsl.nojit (`nojit build --runtime cutedsl -o .device/cutedsl.nojit` on
 #            the build box): each exported object's embedded sm_90a cubin loaded by the driver (PTX JIT off) and its
 #            kernel found; CuTeDSL itself is not on the device, so nothing is launched (tests/gpu/check_cutedsl.py)

@@ -116,17 +116,25 @@ def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: 
     return enumerate_ops(ops, d.platform.sm_count, d.platform.pdl, work, nvcc)
 
 
+# per op, the fields beyond {op, n, k, m} a recorded key carries into the worker's row (enumerate_worker.py)
+RECORDED_FIELDS: dict[str, tuple[str, ...]] = {
+    "fp8_gemm_nt": (), "fp8_einsum": (), "tf32_hc_prenorm_gemm": (), "fp8_fp4_mqa_logits": (),
+    "fp8_fp4_paged_mqa_logits": ("next_n", "block_kv", "max_context_len", "num_slots"),
+    "get_paged_mqa_logits_metadata": ("next_n", "block_kv", "num_slots")}
+
+
 def recorded_op(key: dict) -> dict:
     """A key recorded by NOJIT_MODE=record ({"op", "n", "k", "m"}, loader/deepgemm_serving.py call_key) as one
     op row of the worker's spec."""
     op = key.get("op")
-    if op not in ("fp8_gemm_nt", "fp8_einsum", "tf32_hc_prenorm_gemm"):
+    if op not in RECORDED_FIELDS:
         raise BuildError(f"recorded DeepGEMM key {key} is for an op nojit does not enumerate yet",
-                         fix="only fp8_gemm_nt, fp8_einsum and tf32_hc_prenorm_gemm keys can be added today")
+                         fix=f"only {', '.join(RECORDED_FIELDS)} keys can be added today")
     row = {"op": op, "name": "recorded", "n": int(key["n"]), "k": int(key["k"]), "ms": [int(key["m"])],
            "groups": int(key.get("groups", 1))}
     if op == "tf32_hc_prenorm_gemm":
         row["splits"] = [int(key["splits"])]
+    row.update({field: int(key[field]) for field in RECORDED_FIELDS[op]})
     return row
 
 

@@ -58,7 +58,9 @@ def main() -> None:
             elif ev["ev"] == "launch":
                 last_fn = ev["fn"]
 
-    call = {"fp8_gemm_nt": _fp8_gemm_nt, "fp8_einsum": _fp8_einsum, "tf32_hc_prenorm_gemm": _tf32_hc_prenorm_gemm}
+    call = {"fp8_gemm_nt": _fp8_gemm_nt, "fp8_einsum": _fp8_einsum, "tf32_hc_prenorm_gemm": _tf32_hc_prenorm_gemm,
+            "fp8_fp4_mqa_logits": _fp8_fp4_mqa_logits, "fp8_fp4_paged_mqa_logits": _fp8_fp4_paged_mqa_logits,
+            "get_paged_mqa_logits_metadata": _get_paged_mqa_logits_metadata}
     os.access("/nojit-deepgemm-calls-begin", os.F_OK)  # a marker for an exec trace
     with open(spec["out"], "w") as out:
         for op in spec["ops"]:
@@ -123,6 +125,44 @@ def _tf32_hc_prenorm_gemm(torch, cuda, op: dict, m: int, i: int, use_ue8m0: bool
     out = torch.empty(splits, m, n, dtype=torch.float32, device="meta")
     sqrsum = torch.empty(splits, m, dtype=torch.float32, device="meta")
     torch.ops.deep_gemm.tf32_hc_prenorm_gemm.default.redispatch(cuda, x, fn, out, sqrsum, splits)
+
+
+def _fp8_fp4_mqa_logits(torch, cuda, op: dict, m: int, i: int, use_ue8m0: bool) -> None:
+    """model_executor/layers/sparse_attn_indexer.py:728 on sm90 (FP8 K cache, no MX scales): q [M, H, D] FP8 with
+    no scale (folded into the weights), K [M, D] FP8 with FP32 scales [M], weights [M, H] FP32, K ranges [M]
+    int32, max_seqlen_k = M (the chunk's own K rows)."""
+    h, dim = op["n"], op["k"]
+    q = torch.empty(m, h, dim, dtype=torch.float8_e4m3fn, device="meta")
+    kv = torch.empty(m, dim, dtype=torch.float8_e4m3fn, device="meta")
+    kv_sf = torch.empty(m, dtype=torch.float32, device="meta")
+    weights = torch.empty(m, h, dtype=torch.float32, device="meta")
+    ks, ke = (torch.empty(m, dtype=torch.int32, device="meta") for _ in range(2))
+    torch.ops.deep_gemm.fp8_fp4_mqa_logits.default.redispatch(cuda, q, None, kv, kv_sf, weights, ks, ke, m, None)
+
+
+def _fp8_fp4_paged_mqa_logits(torch, cuda, op: dict, m: int, i: int, use_ue8m0: bool) -> None:
+    """sparse_attn_indexer.py:880 on sm90, a decode step of batch M: q [M, next_n, H, D] FP8 (no scale), the K
+    cache viewed as [blocks, block_kv, 1, D + 4] uint8 (kv_cache_as_quant_view), weights [M * next_n, H] FP32,
+    context_lens [M, next_n] int32 (vLLM always passes 2D), one block table row per request, the schedule
+    metadata [slots + 1, 2] int32, max_model_len = the indexer's (max_model_len // ratio)."""
+    h, dim, next_n, block_kv = op["n"], op["k"], op["next_n"], op["block_kv"]
+    max_blocks = -(-op["max_context_len"] // block_kv)
+    q = torch.empty(m, next_n, h, dim, dtype=torch.float8_e4m3fn, device="meta")
+    kv_cache = torch.empty(m * max_blocks, block_kv, 1, dim + 4, dtype=torch.uint8, device="meta")
+    weights = torch.empty(m * next_n, h, dtype=torch.float32, device="meta")
+    context_lens = torch.empty(m, next_n, dtype=torch.int32, device="meta")
+    block_table = torch.empty(m, max_blocks, dtype=torch.int32, device="meta")
+    schedule = torch.empty(op["num_slots"] + 1, 2, dtype=torch.int32, device="meta")
+    torch.ops.deep_gemm.fp8_fp4_paged_mqa_logits.default.redispatch(
+        cuda, q, None, kv_cache, weights, context_lens, block_table, schedule, op["max_context_len"], None)
+
+
+def _get_paged_mqa_logits_metadata(torch, cuda, op: dict, m: int, i: int, use_ue8m0: bool) -> None:
+    """v1/attention/backends/mla/indexer.py:1747 through vllm/utils/deep_gemm.py get_paged_mqa_logits_metadata:
+    context_lens [M, next_n] int32, block_kv = the cache's states per block, the scheduler slots vLLM computes."""
+    context_lens = torch.empty(m, op["next_n"], dtype=torch.int32, device="meta")
+    torch.ops.deep_gemm.get_paged_mqa_logits_metadata.default.redispatch(
+        cuda, context_lens, op["block_kv"], op["num_slots"], None)
 
 
 if __name__ == "__main__":

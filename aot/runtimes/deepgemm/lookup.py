@@ -78,7 +78,8 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
     stand_in = installed["DG_JIT_NVCC_COMPILER"]
     return {"ok": not wrong and not firewall["refused"] and firewall["answered"] >= 1 and started is not None
             and not started and os.path.basename(os.path.dirname(os.path.dirname(stand_in))).startswith("fw-"),
-            "keys": len(rows), "entries": len({r["entry"] for r in rows}), "shapes": len(ops), "wrong": wrong[:5],
+            "keys": len(rows), "entries": len({r["entry"] for r in rows}), "shapes": len(ops),
+            "expected_keys": sum(len(row["ms"]) for row in ops), "ops": {r["op"] for r in rows}, "wrong": wrong[:5],
             "n_wrong": len(wrong), "probe_answered": firewall["answered"], "refused": firewall["refused"][:3],
             "processes_started": started, "traced": result["traced"], "seeded": root, "nvcc_compiler": stand_in}
 

@@ -1,36 +1,46 @@
 """DeepGEMM in the build: the model's GEMM shapes into the plan, one cache entry's compile in a worker.
 
 Planning runs DeepGEMM's own ops on the fake device (enumerate.py) for every shape at every M
-from 1 to the deployment's max_num_batched_tokens; each distinct cache entry DeepGEMM picks becomes
+from 1 to the deployment's max_num_batched_tokens (the indexer's decode ops: batch 1 to max_num_seqs,
+shapes.py); each distinct cache entry DeepGEMM picks becomes
 one request whose key is DeepGEMM's own entry name (`<kernel>.<digest>`, the key its cache lookup
 uses) and whose compile inputs are its generated source, its flags and the calls it serves
 (shape, N, K, M range). A key recorded at serve time (NOJIT_MODE=record: {"op", "n", "k", "m"})
 is planned as it was recorded and resolved to its entry in the worker (one enumeration run).
 
 Kernel ids are vLLM's entry points (`vllm.utils.deep_gemm:<op>`), the functions the loader wraps.
+Compiled entries go through the build's compile cache (cache_inputs), so a rebuild starts no worker
+and no nvcc for an entry it compiled before.
 Their source digest is DeepGEMM's version plus its `include/deep_gemm` headers (loader/deepgemm_cache.py
 headers_digest): DeepGEMM hashes those headers into every entry name, so other headers find nothing.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from nojit.aot.compile_cache import file_sha256, launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
+from nojit.aot.runtimes.deepgemm import compile as compile_module
 from nojit.aot.runtimes.deepgemm.compile import compile_entry, deep_gemm_dir, portable_flags
 from nojit.aot.runtimes.deepgemm.enumerate import enumerate_ops, find_nvcc, recorded_op
 from nojit.aot.runtimes.deepgemm.shapes import GemmShape, op_row
+from nojit.aot.target import TARGET
 from nojit.loader.deepgemm_cache import compress_keys, headers_digest
 from nojit.loader.manifest import DeepGemmLaunch
+from nojit.loader.versions import installed_version
 
 NAME = "deepgemm"
 GROUP = "deepgemm"  # the --groups name that selects DeepGEMM's entries
@@ -38,7 +48,9 @@ VLLM_MODULE = "vllm.utils.deep_gemm"
 # the kernel each op launches on sm90 (DeepGEMM's jit_kernels/impls): a cross-check of the enumeration's
 # attribution of launches to cache entries
 SM90_KERNEL = {"fp8_gemm_nt": "sm90_fp8_gemm_1d2d", "fp8_einsum": "sm90_fp8_gemm_1d2d",
-               "tf32_hc_prenorm_gemm": "sm90_tf32_hc_prenorm_gemm"}
+               "tf32_hc_prenorm_gemm": "sm90_tf32_hc_prenorm_gemm", "fp8_fp4_mqa_logits": "sm90_fp8_mqa_logits",
+               "fp8_fp4_paged_mqa_logits": "sm90_fp8_paged_mqa_logits",
+               "get_paged_mqa_logits_metadata": "sm90_paged_mqa_logits_metadata"}
 
 
 @dataclass(frozen=True)
@@ -149,5 +161,46 @@ def recorded_inputs(kernel: str, key: Any) -> dict[str, Any]:
     return {}  # resolved to DeepGEMM's entry in the compile worker (_resolve_recorded)
 
 
+def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
+    """What one entry's cubin and launch depend on (aot/compile_cache.py): DeepGEMM's entry name (its own digest
+    of source, flags and nvcc text), the generated source's digest and the flags as planned, the calls it serves
+    (its launch), the headers digest and the facts DeepGEMM was run with (kernel info: DeepGEMM version, nvcc
+    version text, SM count, PDL, UE8M0), the target, and nojit's compile code. A key recorded at serve time is
+    resolved in the worker by DeepGEMM's own heuristics, so the extension that holds them is an input too."""
+    inputs: dict[str, Any] = {
+        "runtime": NAME,
+        "kernel": request.kernel,
+        "source_hash": kernel.source_hash,
+        "info": kernel.info,
+        "key": request.key,
+        "target": TARGET.to_json(),
+        "compiler": _compiler_code(),
+        "vllm": installed_version("vllm"),  # its vendored include/cute and cutlass, which DeepGEMM's digest leaves out
+    }
+    if isinstance(request.key, str):
+        c = request.compile_inputs
+        inputs.update(source_sha256=hashlib.sha256(c["source"].encode()).hexdigest(), flags=c["flags"],
+                      calls=c["calls"])
+    else:
+        inputs["extension"] = file_sha256(_extension_file())
+    return inputs
+
+
+@functools.cache
+def _compiler_code() -> str:
+    return ",".join(file_sha256(m.__file__) for m in (compile_module, sys.modules[__name__]))
+
+
+def _extension_file() -> str:
+    """DeepGEMM's compiled extension (its heuristics and code generator), found without importing it."""
+    package = deep_gemm_dir()
+    names = sorted(n for n in os.listdir(package) if n.startswith("_C_extension") and n.endswith(".so"))
+    if len(names) != 1:
+        raise BuildError(f"DeepGEMM at {package} has {len(names)} _C_extension libraries",
+                         fix="install vLLM 0.33.0's vendored DeepGEMM unchanged")
+    return os.path.join(package, names[0])
+
+
 RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
-                  recorded_inputs=recorded_inputs)
+                  recorded_inputs=recorded_inputs, cache_inputs=cache_inputs,
+                  launch_from_json=launch_reader(DeepGemmLaunch))

@@ -30,3 +30,15 @@ const char* cudaGetErrorString(cudaError_t e){ return "fake"; }
 const char* cudaGetErrorName(cudaError_t e){ return "fake"; }
 int cublasLtCreate(void** h){ *h=(void*)0x1; return 0; }
 int cublasLtDestroy(void* h){ return 0; }
+// DeepGEMM views parts of a meta tensor through from_blob (the paged KV cache's values and scales): make
+// those views meta tensors too (no CUDA tensor can be made here). torch makes a meta tensor from a null
+// pointer only (another pointer leaves the handle unset), so the view's address is 0 like every meta tensor's.
+int32_t aoti_torch_create_tensor_from_blob_v2(void* data, int64_t ndim, const int64_t* sizes, const int64_t* strides,
+    int64_t offset, int32_t dtype, int32_t device_type, int32_t device_index, void** ret, int32_t layout,
+    const uint8_t* opaque, int64_t opaque_size){
+  static int32_t (*real)(void*,int64_t,const int64_t*,const int64_t*,int64_t,int32_t,int32_t,int32_t,void**,int32_t,const uint8_t*,int64_t);
+  static int32_t (*meta)(void); static int32_t (*cuda)(void);
+  if(!real){ void* h=dlopen("libtorch_cpu.so",RTLD_NOLOAD|RTLD_LAZY); real=dlsym(h,"aoti_torch_create_tensor_from_blob_v2");
+    meta=dlsym(h,"aoti_torch_device_type_meta"); cuda=dlsym(h,"aoti_torch_device_type_cuda"); }
+  if(device_type==cuda()){ device_type=meta(); device_index=0; data=0; offset=0; }
+  return real(data,ndim,sizes,strides,offset,dtype,device_type,device_index,ret,layout,opaque,opaque_size); }
