@@ -8,8 +8,10 @@ buffers, exotic arguments) is a miss of the table and takes the Python path of
 TritonKernelServer, which is the one definition of the key; the fast path can be slower to
 say no, never wrong.
 
-The generated `run` binds the kernel's own parameters natively (no binder call) and hands
-the bound tuple, the grid, the device and torch's current stream to C.
+`run` is a C callable per kernel (`new_runner`): it binds the call's positional and keyword
+arguments to the kernel's parameters, picks the table of the launch options, computes the grid,
+reads torch's device and stream and launches, with no Python frame. Calls it hands back (warmup,
+options not seen yet, odd grids, misses) take a generated Python `run` and the server's own.
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ class TritonFastPath:
 
     def __init__(self, fn: Any, specializer: Any, exact: dict[Key, Any]) -> None:
         m = fast_module()
+        self.runner: Any = None  # the C runner of make_run (tests probe it)
+        self.general: Any = None  # the generated Python run behind it
+        self.tables_by_raw: dict[tuple, Any] = {}  # raw launch options -> table, filled by the general run
         self.kinds: list[int] = []
         self._tymap: dict[str, int] = {}
         params = []
@@ -227,8 +232,8 @@ def make_run(server: Any, fast: TritonFastPath) -> Any:
 
     def miss(table: Any, bound: tuple, grid: Any, warmup: bool, options: dict) -> Any:
         """Not served by C (warmup, new options, generic entries, misses): the Python path decides."""
-        if options and table is _UNSEEN:
-            table_for_options(options)
+        if options and table is _UNSEEN and table_for_options(options) is not None and not warmup:
+            return namespace["run"](*bound, grid=grid, warmup=False, **options)  # known now: the C launch
         return slow(*bound, grid=grid, warmup=warmup, **options)
 
     def after(r: int, table: Any, bound: tuple, grid: Any, device: int, options: dict) -> Any:
@@ -288,7 +293,15 @@ def run({', '.join(arglist + ['*', 'grid', 'warmup', '**_nj_o'])}):
     return _nj_r
 """
     exec(compile(src, f"<nojit fast run {fn.__module__}:{fn.__qualname__}>", "exec"), namespace)
-    return namespace["run"]
+    general = namespace["run"]
+    # The run vLLM's calls reach: binding, options, grid, device, stream and launch in one C call; the
+    # generated function above takes the calls C hands back (warmup, options not seen yet, odd grids).
+    defaults = tuple(sig.parameters[n].default for n in names)
+    _runner, run = m.new_runner(namespace["_nj_t0"], tuple(names),
+                                defaults, inspect.Parameter.empty, current_device, current_stream, general, slow,
+                                after, tables_by_raw)
+    fast.runner, fast.general, fast.tables_by_raw = _runner, general, tables_by_raw
+    return run
 
 
 class _Unseen:
