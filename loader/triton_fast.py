@@ -106,6 +106,21 @@ def _pointer_types(specializer: Any, is_const: bool) -> tuple[str | None, ...]:
     return types
 
 
+_TYPE_IDS: dict[str, int] = {}  # Triton pointer type -> the type id C codes use (one numbering per process)
+_POINTER_CODES: dict[tuple[int, bool], tuple[int, ...]] = {}
+
+
+def _pointer_codes(specializer: Any, is_const: bool) -> tuple[int, ...]:
+    """The type id of every registered dtype for a pointer parameter (0xFFFF: Triton cannot take it), once
+    per process instead of once per kernel parameter."""
+    cache_key = (id(specializer), is_const)
+    codes = _POINTER_CODES.get(cache_key)
+    if codes is None:
+        codes = _POINTER_CODES[cache_key] = tuple(_TYPE_IDS.setdefault(ty, len(_TYPE_IDS)) if ty else 0xFFFF
+                                                  for ty in _pointer_types(specializer, is_const))
+    return codes
+
+
 class TritonFastPath:
     """The C tables of one kernel: one per launch-options key holding its exact entries."""
 
@@ -115,7 +130,7 @@ class TritonFastPath:
         self.general: Any = None  # the generated Python run behind it
         self.tables_by_raw: dict[tuple, Any] = {}  # raw launch options -> table, filled by the general run
         self.kinds: list[int] = []
-        self._tymap: dict[str, int] = {}
+        self._tymap = _TYPE_IDS
         params = []
         candidates: list[list[Any]] = []
         for p in fn.params:
@@ -128,8 +143,7 @@ class TritonFastPath:
             ann = p.annotation_type
             kind = K_FIXED if ann and (ann == "u1" or ann[:2] in ("fp", "bf")) else K_ANNOT if ann else K_PLAIN
             self.kinds.append(kind)
-            codes = tuple(self._tymap.setdefault(ty, len(self._tymap)) if ty else 0xFFFF
-                          for ty in _pointer_types(specializer, bool(p.is_const)))
+            codes = _pointer_codes(specializer, bool(p.is_const))
             params.append([kind, int(not p.do_not_specialize), int(not p.do_not_specialize_on_alignment), codes, cands])
         self._candidates = candidates
         by_options: dict[tuple, list[tuple[tuple[int, ...], Any]]] = {}
