@@ -214,6 +214,8 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
         n = 0
         for kid, server in sorted(inst.triton.items()):
             assert server.entry_point != server.run, kid
+            server.prepare()
+            assert type(server.entry_point).__name__ == "builtin_function_or_method", kid  # the C runner
             fn = server.fn
             for key, variant in sorted(server.exact.items(), key=repr):
                 kwargs, _bufs, _ = synthesize(fn, key, 7, device="cpu")
