@@ -44,23 +44,27 @@ for kid in triton_ids:
     resolve_object(kid, import_module=import_kernel_module)
 gc.collect(); gc.freeze()  # vLLM's heap: keep a full collection out of the timed calls
 def best(f):
-    ts = []
+    ts, cpu = [], []
     for _ in range(repeat):
-        t = time.perf_counter(); f(); ts.append((time.perf_counter() - t) * 1e3)
-    return {"best": min(ts), "median": statistics.median(ts)}
+        c = time.thread_time(); t = time.perf_counter(); f()
+        ts.append((time.perf_counter() - t) * 1e3); cpu.append((time.thread_time() - c) * 1e3)
+    # cpu: this thread's CPU time, the number that a loaded shared box does not inflate
+    return {"best": min(ts), "median": statistics.median(ts), "cpu": min(cpu)}
 out = {"open_ms": best(lambda: Bundle.open(path).close())}
 from nojit.loader.install import install
-t = time.perf_counter(); inst = install(path, mode="strict"); out["install_first_ms"] = (time.perf_counter() - t) * 1e3
+c = time.thread_time(); t = time.perf_counter(); inst = install(path, mode="strict"); out["install_first_ms"] = (time.perf_counter() - t) * 1e3
+out["install_first_cpu_ms"] = (time.thread_time() - c) * 1e3
 out["kernels"] = [len(inst.triton), len(inst.tilelang)]
 inst.uninstall()
 def once():
     install(path, mode="strict").uninstall()
 out["install_ms"] = best(once)
 inst = install(path, mode="strict")
-t = time.perf_counter()
+c = time.thread_time(); t = time.perf_counter()
 if hasattr(inst, "prepare"):
     inst.prepare()
 out["prepare_all_ms"] = (time.perf_counter() - t) * 1e3
+out["prepare_all_cpu_ms"] = (time.thread_time() - c) * 1e3
 inst.uninstall()
 print("RESULT " + json.dumps(out))
 """
@@ -89,17 +93,20 @@ def main() -> int:
         sides["old"] = side(args.old_python, args.old_bundle, args.repeat, here)
     print(f"{'':28}" + "".join(f"{name:>22}" for name in sides))
     for what in ("open_ms", "install_ms"):
-        for stat in ("best", "median"):
+        for stat in ("best", "median", "cpu"):
             print(f"{what[:-3] + ' ' + stat + ' (ms)':28}" + "".join(f"{s[what][stat]:22.2f}" for s in sides.values()))
-    for what in ("install_first_ms", "prepare_all_ms"):
+    for what in ("install_first_ms", "install_first_cpu_ms", "prepare_all_ms", "prepare_all_cpu_ms"):
         print(f"{what[:-3].replace('_', ' ') + ' (ms)':28}" + "".join(f"{s[what]:22.2f}" for s in sides.values()))
     print(f"{'kernels (Triton, TileLang)':28}" + "".join(f"{str(s['kernels']):>22}" for s in sides.values()))
     if "old" in sides:
         for what in ("open_ms", "install_ms"):
             print(f"{what[:-3]} new/old (best): {sides['new'][what]['best'] / sides['old'][what]['best']:.3f}")
-    print(f"goal Bundle.open <= 5 ms: {'MET' if sides['new']['open_ms']['best'] <= 5 else 'NOT MET'}; "
-          f"install() <= 20 ms: {'MET' if sides['new']['install_ms']['best'] <= 20 else 'NOT MET'} (best of "
-          f"{args.repeat}, this box, load {os.getloadavg()[0]:.1f})")
+    new = sides["new"]
+    print(f"goal Bundle.open <= 5 ms: {'MET' if new['open_ms']['best'] <= 5 else 'NOT MET'} (wall) / "
+          f"{'MET' if new['open_ms']['cpu'] <= 5 else 'NOT MET'} (CPU); install() <= 20 ms: "
+          f"{'MET' if new['install_ms']['best'] <= 20 else 'NOT MET'} (wall) / "
+          f"{'MET' if new['install_ms']['cpu'] <= 20 else 'NOT MET'} (CPU) (best of {args.repeat}, this box, load "
+          f"{os.getloadavg()[0]:.1f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(sides, f, indent=1)

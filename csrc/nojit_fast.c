@@ -388,13 +388,11 @@ static int annotated_code(int plain) {
   return C_ANNOT + (plain & 3); /* ints and tensors: their attr */
 }
 
-/* Codes of every parameter and the run-time values; returns 0, or -1 for a miss. */
-static int classify(const Table *t, PyObject *bound, uint32_t *codes, Value *values) {
-  if (!PyTuple_Check(bound) || PyTuple_Size(bound) != t->nparams)
-    return -1;
+/* Codes of every parameter (bound[i], borrowed) and the run-time values; returns 0, or -1 for a miss. */
+static int classify_array(const Table *t, PyObject *const *bound, uint32_t *codes, Value *values) {
   for (int i = 0; i < t->nparams; i++) {
     const Param *p = &t->params[i];
-    PyObject *v = PyTuple_GetItem(bound, i);
+    PyObject *v = bound[i];
     if (p->kind == K_CONSTEXPR) {
       int c = 0;
       for (; c < p->ncand; c++) {
@@ -428,6 +426,16 @@ static int classify(const Table *t, PyObject *bound, uint32_t *codes, Value *val
     codes[i] = (uint32_t)code;
   }
   return 0;
+}
+
+/* The same for a bound tuple (the Python side's form). */
+static int classify(const Table *t, PyObject *bound, uint32_t *codes, Value *values) {
+  if (!PyTuple_Check(bound) || PyTuple_Size(bound) != t->nparams)
+    return -1;
+  PyObject *items[NJ_MAX_PARAMS];
+  for (int i = 0; i < t->nparams; i++)
+    items[i] = PyTuple_GetItem(bound, i);
+  return classify_array(t, items, codes, values);
 }
 
 static int find_entry(const Table *t, const uint32_t *codes) {
@@ -721,6 +729,459 @@ static PyObject *fast_floor(PyObject *self, PyObject *args) {
   return PyFloat_FromDouble(iterations > 0 ? ns / iterations : 0.0);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * The per-kernel runner: `fn.run` itself. Triton's kernel[grid](...) calls
+ * run(*args, grid=grid, warmup=False, **kwargs); this binds the kernel's parameters from the
+ * positional and keyword arguments (defaults filled in), picks the table of the call's launch
+ * options, computes the grid (calling a grid callable with {name: value}), reads torch's device
+ * and stream through the callables it was given, and launches an exact entry, all in this one C
+ * call. Whatever it does not handle goes, with the call exactly as it came, to Python:
+ *   general  anything about the call's shape (warmup, unknown options, a non-tuple grid, a missing
+ *            or repeated argument, no device): the generated Python run (loader/triton_fast.py);
+ *   slow     a call whose key is not an exact entry of the table: TritonKernelServer.run, the one
+ *            definition of the key, which serves generic entries and applies the policy to misses;
+ *   after    an exact entry whose module is not loaded on this device yet, or a driver error.
+ */
+#define NJ_MAX_OPTIONS 8
+#define NJ_OPTION_CACHE 16
+
+typedef struct {
+  int n;
+  PyObject *names[NJ_MAX_OPTIONS];
+  PyObject *values[NJ_MAX_OPTIONS];
+  PyObject *table; /* capsule, or Py_None: these options have no exact entries */
+} OptionSet;
+
+typedef struct {
+  int nparams;
+  PyObject **names;    /* interned parameter names */
+  PyObject **defaults; /* NULL: required */
+  PyObject *table0;    /* capsule of the table without options, or Py_None */
+  PyObject *get_device, *get_stream, *general, *slow, *after, *tables_by_raw;
+  PyObject *device_args[NJ_MAX_DEVICES]; /* (device,) tuples for get_stream */
+  int noptions;
+  OptionSet options[NJ_OPTION_CACHE];
+} Runner;
+
+static PyObject *g_s_grid, *g_s_warmup;
+
+static void runner_free(PyObject *capsule) {
+  Runner *r = (Runner *)PyCapsule_GetPointer(capsule, "nojit.fast.runner");
+  if (!r)
+    return;
+  for (int i = 0; i < r->nparams; i++) {
+    Py_XDECREF(r->names[i]);
+    Py_XDECREF(r->defaults[i]);
+  }
+  for (int d = 0; d < NJ_MAX_DEVICES; d++)
+    Py_XDECREF(r->device_args[d]);
+  for (int o = 0; o < r->noptions; o++) {
+    for (int k = 0; k < r->options[o].n; k++) {
+      Py_XDECREF(r->options[o].names[k]);
+      Py_XDECREF(r->options[o].values[k]);
+    }
+    Py_XDECREF(r->options[o].table);
+  }
+  Py_XDECREF(r->table0);
+  Py_XDECREF(r->get_device);
+  Py_XDECREF(r->get_stream);
+  Py_XDECREF(r->general);
+  Py_XDECREF(r->slow);
+  Py_XDECREF(r->after);
+  Py_XDECREF(r->tables_by_raw);
+  PyMem_Free(r->names);
+  PyMem_Free(r->defaults);
+  PyMem_Free(r);
+}
+
+/* One call, bound. */
+typedef struct {
+  PyObject *bound[NJ_MAX_PARAMS]; /* borrowed */
+  PyObject *grid;
+  int noptions;
+  PyObject *option_names[NJ_MAX_OPTIONS], *option_values[NJ_MAX_OPTIONS];
+  PyObject *table; /* borrowed capsule */
+} Call;
+
+static int same_name(PyObject *a, PyObject *b) {
+  if (a == b)
+    return 1;
+  return PyUnicode_Check(a) && PyUnicode_Compare(a, b) == 0;
+}
+
+/* The table of this call's options (borrowed; NULL: not known here, or none). */
+static PyObject *options_table(Runner *r, Call *c) {
+  for (int o = 0; o < r->noptions; o++) {
+    OptionSet *s = &r->options[o];
+    if (s->n != c->noptions)
+      continue;
+    int k = 0;
+    for (; k < s->n; k++) {
+      if (s->names[k] != c->option_names[k] && !same_name(s->names[k], c->option_names[k]))
+        break;
+      PyObject *a = s->values[k], *b = c->option_values[k];
+      if (a != b) {
+        if (Py_TYPE(a) != Py_TYPE(b))
+          break;
+        int eq = PyObject_RichCompareBool(a, b, Py_EQ);
+        if (eq <= 0) {
+          PyErr_Clear();
+          break;
+        }
+      }
+    }
+    if (k == s->n)
+      return s->table == Py_None ? NULL : s->table;
+  }
+  /* Not cached: ask the Python side's dict (raw options items -> table), filled by the general path. */
+  PyObject *items = PyTuple_New(c->noptions);
+  if (!items)
+    goto fail;
+  for (int k = 0; k < c->noptions; k++) {
+    PyObject *pair = PyTuple_Pack(2, c->option_names[k], c->option_values[k]);
+    if (!pair) {
+      Py_DECREF(items);
+      goto fail;
+    }
+    PyTuple_SetItem(items, k, pair);
+  }
+  PyObject *table = PyDict_GetItemWithError(r->tables_by_raw, items); /* borrowed */
+  Py_DECREF(items);
+  if (!table)
+    goto fail;
+  if (r->noptions < NJ_OPTION_CACHE) {
+    OptionSet *s = &r->options[r->noptions++];
+    s->n = c->noptions;
+    for (int k = 0; k < c->noptions; k++) {
+      Py_INCREF(c->option_names[k]);
+      Py_INCREF(c->option_values[k]);
+      s->names[k] = c->option_names[k];
+      s->values[k] = c->option_values[k];
+    }
+    Py_INCREF(table);
+    s->table = table;
+  }
+  return table == Py_None ? NULL : table;
+fail:
+  PyErr_Clear(); /* unhashable values, or not seen yet: the general path decides */
+  return NULL;
+}
+
+/* Bind a call as Triton passes it; 0: bound, with a table; 1: hand it to the general path. */
+static int bind_call(Runner *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, Call *c) {
+  int n = r->nparams;
+  if (nargs > n)
+    return 1;
+  for (int i = 0; i < n; i++)
+    c->bound[i] = i < nargs ? args[i] : NULL;
+  c->grid = NULL;
+  c->noptions = 0;
+  PyObject *warmup = NULL;
+  Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; k++) {
+    PyObject *name = PyTuple_GetItem(kwnames, k);
+    PyObject *v = args[nargs + k];
+    if (name == g_s_grid) {
+      c->grid = v;
+      continue;
+    }
+    if (name == g_s_warmup) {
+      warmup = v;
+      continue;
+    }
+    int j = 0;
+    while (j < n && r->names[j] != name)
+      j++;
+    if (j == n) { /* not interned alike: compare the text */
+      if (same_name(name, g_s_grid)) {
+        c->grid = v;
+        continue;
+      }
+      if (same_name(name, g_s_warmup)) {
+        warmup = v;
+        continue;
+      }
+      j = 0;
+      while (j < n && !same_name(r->names[j], name))
+        j++;
+    }
+    if (j < n) {
+      if (c->bound[j])
+        return 1; /* given twice: Python raises the TypeError */
+      c->bound[j] = v;
+    } else {
+      if (c->noptions == NJ_MAX_OPTIONS)
+        return 1;
+      c->option_names[c->noptions] = name;
+      c->option_values[c->noptions++] = v;
+    }
+  }
+  if (!c->grid || warmup != Py_False)
+    return 1;
+  for (int i = 0; i < n; i++) {
+    if (!c->bound[i]) {
+      if (!r->defaults[i])
+        return 1; /* missing: Python raises the TypeError */
+      c->bound[i] = r->defaults[i];
+    }
+  }
+  c->table = c->noptions ? options_table(r, c) : (r->table0 == Py_None ? NULL : r->table0);
+  return c->table == NULL;
+}
+
+/* The call exactly as it came, handed to a Python callable. */
+static PyObject *forward(PyObject *target, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  PyObject *pos = PyTuple_New(nargs);
+  if (!pos)
+    return NULL;
+  for (Py_ssize_t i = 0; i < nargs; i++) {
+    Py_INCREF(args[i]);
+    PyTuple_SetItem(pos, i, args[i]);
+  }
+  PyObject *kw = NULL;
+  Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
+  if (nkw) {
+    kw = PyDict_New();
+    for (Py_ssize_t k = 0; kw && k < nkw; k++) {
+      if (PyDict_SetItem(kw, PyTuple_GetItem(kwnames, k), args[nargs + k]) < 0)
+        Py_CLEAR(kw);
+    }
+    if (!kw) {
+      Py_DECREF(pos);
+      return NULL;
+    }
+  }
+  PyObject *res = PyObject_Call(target, pos, kw);
+  Py_DECREF(pos);
+  Py_XDECREF(kw);
+  return res;
+}
+
+static PyObject *bound_tuple(int n, PyObject *const *bound) {
+  PyObject *t = PyTuple_New(n);
+  for (int i = 0; t && i < n; i++) {
+    Py_INCREF(bound[i]);
+    PyTuple_SetItem(t, i, bound[i]);
+  }
+  return t;
+}
+
+/* The grid as a tuple (new reference); NULL without an error: not one C takes (the general path). */
+static PyObject *call_grid(Runner *r, Call *c) {
+  PyObject *grid = c->grid;
+  if (PyTuple_Check(grid)) {
+    Py_INCREF(grid);
+    return grid;
+  }
+  if (!PyCallable_Check(grid))
+    return NULL;
+  PyObject *meta = PyDict_New();
+  for (int i = 0; meta && i < r->nparams; i++)
+    if (PyDict_SetItem(meta, r->names[i], c->bound[i]) < 0)
+      Py_CLEAR(meta);
+  if (!meta)
+    return NULL;
+  PyObject *g = PyObject_CallFunctionObjArgs(grid, meta, NULL);
+  Py_DECREF(meta);
+  if (g && !PyTuple_Check(g))
+    Py_CLEAR(g);
+  return g;
+}
+
+static PyObject *runner_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  Runner *r = (Runner *)PyCapsule_GetPointer(self, "nojit.fast.runner");
+  if (!r)
+    return NULL;
+  Call c;
+  if (bind_call(r, args, nargs, kwnames, &c))
+    return forward(r->general, args, nargs, kwnames);
+  PyObject *grid = call_grid(r, &c);
+  if (!grid) {
+    if (PyErr_Occurred())
+      return NULL; /* the grid callable raised: as it would on the Python path */
+    return forward(r->general, args, nargs, kwnames);
+  }
+  uint32_t g[3];
+  if (parse_grid(grid, g)) {
+    PyErr_Clear();
+    Py_DECREF(grid);
+    return forward(r->general, args, nargs, kwnames);
+  }
+  PyObject *devobj = PyObject_CallNoArgs(r->get_device);
+  long device = devobj ? PyLong_AsLong(devobj) : -1;
+  PyObject *stream_obj = NULL;
+  if (devobj && !PyErr_Occurred() && device >= 0 && device < NJ_MAX_DEVICES) {
+    if (!r->device_args[device])
+      r->device_args[device] = PyTuple_Pack(1, devobj);
+    if (r->device_args[device])
+      stream_obj = PyObject_Call(r->get_stream, r->device_args[device], NULL);
+  }
+  unsigned long long stream = stream_obj ? PyLong_AsUnsignedLongLong(stream_obj) : 0;
+  Py_XDECREF(devobj);
+  Py_XDECREF(stream_obj);
+  if (!stream_obj || PyErr_Occurred()) {
+    Py_DECREF(grid);
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_RuntimeError))
+      return NULL;
+    PyErr_Clear(); /* no driver / no GPU: the general path raises nojit's LaunchError */
+    return forward(r->general, args, nargs, kwnames);
+  }
+  Table *t = get_table(c.table);
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+  int idx = -1;
+  if (classify_array(t, c.bound, codes, values) == 0)
+    idx = find_entry(t, codes);
+  if (idx < 0) {
+    Py_DECREF(grid);
+    return forward(r->slow, args, nargs, kwnames);
+  }
+  Entry *e = &t->entries[idx];
+  uint64_t function = e->function[device];
+  long status = idx; /* >= 0: load the module; < 0: the driver's error */
+  if (function && g_launch) {
+    if (g[0] && g[1] && g[2]) {
+      uint64_t slots[NJ_MAX_PARAMS];
+      void *params[NJ_MAX_PARAMS];
+      NjLaunchAttribute attrs[4];
+      NjLaunchConfig cfg;
+      if (prepare(e, values, g, stream, slots, params, attrs, &cfg)) {
+        Py_DECREF(grid);
+        return forward(r->slow, args, nargs, kwnames);
+      }
+      NjResult rc = g_launch(&cfg, (NjFunction)(uintptr_t)function, params, NULL);
+      if (rc)
+        status = -(long)rc;
+      else
+        status = INT32_MAX;
+    } else {
+      status = INT32_MAX;
+    }
+  }
+  if (status == INT32_MAX) {
+    Py_DECREF(grid);
+    Py_INCREF(e->variant);
+    return e->variant;
+  }
+  PyObject *bound = bound_tuple(r->nparams, c.bound);
+  PyObject *options = PyDict_New();
+  for (int k = 0; options && k < c.noptions; k++)
+    if (PyDict_SetItem(options, c.option_names[k], c.option_values[k]) < 0)
+      Py_CLEAR(options);
+  PyObject *res = NULL;
+  if (bound && options)
+    res = PyObject_CallFunction(r->after, "lOOOlO", status, c.table, bound, grid, device, options);
+  Py_XDECREF(bound);
+  Py_XDECREF(options);
+  Py_DECREF(grid);
+  return res;
+}
+
+static PyMethodDef runner_def = {"run", (PyCFunction)(void (*)(void))runner_call, METH_FASTCALL | METH_KEYWORDS,
+                                 "run(*args, grid, warmup, **kwargs): nojit's one-call launch of this kernel"};
+
+/* new_runner(table0, names, defaults, missing, get_device, get_stream, general, slow, after, tables_by_raw)
+ *   -> (runner capsule, run callable). defaults[i] is `missing` where parameter i has no default. */
+static PyObject *fast_new_runner(PyObject *self, PyObject *args) {
+  PyObject *table0, *names, *defaults, *missing, *get_device, *get_stream, *general, *slow, *after, *tables_by_raw;
+  if (!PyArg_ParseTuple(args, "OOOOOOOOOO", &table0, &names, &defaults, &missing, &get_device, &get_stream, &general,
+                        &slow, &after, &tables_by_raw))
+    return NULL;
+  Py_ssize_t n = PySequence_Size(names);
+  if (n < 0)
+    return NULL;
+  if (n > NJ_MAX_PARAMS || PySequence_Size(defaults) != n || !PyDict_Check(tables_by_raw) ||
+      (table0 != Py_None && !get_table(table0))) {
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "new_runner: names, defaults or tables do not fit");
+    return NULL;
+  }
+  Runner *r = (Runner *)PyMem_Calloc(1, sizeof(Runner));
+  if (!r)
+    return PyErr_NoMemory();
+  r->names = (PyObject **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
+  r->defaults = (PyObject **)PyMem_Calloc(n ? (size_t)n : 1, sizeof(PyObject *));
+  PyObject *capsule = PyCapsule_New(r, "nojit.fast.runner", runner_free);
+  if (!capsule) {
+    PyMem_Free(r->names);
+    PyMem_Free(r->defaults);
+    PyMem_Free(r);
+    return NULL;
+  }
+  r->nparams = (int)n;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    PyObject *name = PySequence_GetItem(names, i);
+    PyObject *dflt = PySequence_GetItem(defaults, i);
+    if (!name || !dflt || !PyUnicode_Check(name)) {
+      Py_XDECREF(name);
+      Py_XDECREF(dflt);
+      Py_DECREF(capsule);
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "new_runner: parameter names must be str");
+      return NULL;
+    }
+    PyUnicode_InternInPlace(&name);
+    r->names[i] = name;
+    if (dflt == missing)
+      Py_DECREF(dflt);
+    else
+      r->defaults[i] = dflt;
+  }
+  Py_INCREF(table0);
+  r->table0 = table0;
+  PyObject **slots[] = {&r->get_device, &r->get_stream, &r->general, &r->slow, &r->after, &r->tables_by_raw};
+  PyObject *given[] = {get_device, get_stream, general, slow, after, tables_by_raw};
+  for (int i = 0; i < 6; i++) {
+    Py_INCREF(given[i]);
+    *slots[i] = given[i];
+  }
+  PyObject *run = PyCFunction_NewEx(&runner_def, capsule, NULL);
+  if (!run) {
+    Py_DECREF(capsule);
+    return NULL;
+  }
+  return Py_BuildValue("(NN)", capsule, run);
+}
+
+/* probe(runner, *args, grid=..., warmup=..., **kwargs) -> ("general", None, -1, None) or
+ * ("table", codes, entry index or -1, packed bytes or None): what run would do with this call,
+ * without launching (tests: the C binding against the Python binder and key). */
+static PyObject *fast_probe(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "probe(runner, *args, **kwargs)");
+    return NULL;
+  }
+  Runner *r = (Runner *)PyCapsule_GetPointer(args[0], "nojit.fast.runner");
+  if (!r)
+    return NULL;
+  Call c;
+  if (bind_call(r, args + 1, nargs - 1, kwnames, &c))
+    return Py_BuildValue("(sOiO)", "general", Py_None, -1, Py_None);
+  Table *t = get_table(c.table);
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+  if (classify_array(t, c.bound, codes, values))
+    return Py_BuildValue("(sOiO)", "table", Py_None, -1, Py_None);
+  PyObject *out = PyTuple_New(t->nparams);
+  for (int i = 0; out && i < t->nparams; i++)
+    PyTuple_SetItem(out, i, PyLong_FromUnsignedLong(codes[i]));
+  int idx = find_entry(t, codes);
+  PyObject *packed = Py_None;
+  Py_INCREF(packed);
+  if (idx >= 0) {
+    Entry *e = &t->entries[idx];
+    uint64_t slots[NJ_MAX_PARAMS];
+    int ok = 1;
+    for (int a = 0; a < e->nargs && ok; a++)
+      ok = pack_one(e->arg_code[a], &values[e->arg_index[a]], &slots[a]) == 0;
+    if (ok) {
+      Py_DECREF(packed);
+      packed = PyBytes_FromStringAndSize((const char *)slots, (Py_ssize_t)e->nargs * 8);
+    }
+  }
+  return Py_BuildValue("(sNiN)", "table", out, idx, packed);
+}
+
 static PyMethodDef methods[] = {
     {"configure", fast_configure, METH_VARARGS, "configure(tensor_type, dtypes, cuLaunchKernelEx address)"},
     {"new_table", fast_new_table, METH_O, "new_table(params) -> table"},
@@ -729,6 +1190,9 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))fast_launch, METH_FASTCALL, "launch(table, bound, grid, device, stream)"},
     {"lookup", fast_lookup, METH_VARARGS, "lookup(table, bound) -> (entry index or -1, codes)"},
     {"pack", fast_pack, METH_VARARGS, "pack(table, entry, bound) -> bytes"},
+    {"new_runner", fast_new_runner, METH_VARARGS, "new_runner(table0, names, defaults, missing, ...) -> (runner, run)"},
+    {"probe", (PyCFunction)(void (*)(void))fast_probe, METH_FASTCALL | METH_KEYWORDS,
+     "probe(runner, *args, **kwargs) -> (how, codes, entry, packed bytes)"},
     {"floor", fast_floor, METH_VARARGS, "floor(table, bound, grid, device, stream, iterations) -> ns per launch"},
     {NULL, NULL, 0, NULL},
 };
@@ -739,5 +1203,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastlaunch", "nojit
 PyMODINIT_FUNC PyInit__fastlaunch(void) {
   g_s_dtype = PyUnicode_InternFromString("dtype");
   g_s_data_ptr = PyUnicode_InternFromString("data_ptr");
+  g_s_grid = PyUnicode_InternFromString("grid");
+  g_s_warmup = PyUnicode_InternFromString("warmup");
   return PyModule_Create(&module);
 }

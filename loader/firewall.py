@@ -313,23 +313,81 @@ def _write_answers(fw: str, toolchain: dict) -> tuple[str, ...]:
 
 
 def _build(fw: str, toolchain: dict, log: str) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
+    """This process's firewall folder: bin/, nvvm/bin/ and the script link to the shared stand-ins
+    (_stand_ins), the real toolkit is mirrored around them, and the mark is written last."""
     names = stand_in_names()
     real = _real_toolkit()
-    bin_dir = os.path.join(fw, "bin")
-    os.makedirs(bin_dir)
-    os.makedirs(os.path.join(fw, "nvvm", "bin"))
-    script = os.path.join(fw, "nojit-stand-in")
-    with open(script, "w") as f:
-        f.write(_script(fw, log, names))
-    os.chmod(script, 0o755)
-    for name in names:
-        os.symlink(script, os.path.join(bin_dir, name))
-    os.symlink(script, os.path.join(fw, "nvvm", "bin", "cicc"))
-    answered = _write_answers(fw, toolchain)
+    shared, answered = _stand_ins(names, toolchain, log)
+    os.makedirs(os.path.join(fw, "nvvm"))
+    os.symlink(os.path.join(shared, "bin"), os.path.join(fw, "bin"))
+    os.symlink(os.path.join(shared, "nvvm-bin"), os.path.join(fw, "nvvm", "bin"))
+    os.symlink(os.path.join(shared, "nojit-stand-in"), os.path.join(fw, "nojit-stand-in"))
     _mirror(real, fw)
     with open(os.path.join(fw, _MARK), "w") as f:
         f.write(f"{os.getpid()}\n")
     return names, answered, real
+
+
+_COMPLETE = ".complete"
+
+
+def _stand_ins(names: tuple[str, ...], toolchain: dict, log: str) -> tuple[str, tuple[str, ...]]:
+    """The stand-in script, one link per compiler name and the recorded version answers, in a folder of
+    the runtime folder named by the digest of all of it: built once per user and content, then shared by
+    every process (a TP4 server starts six), since 125 links per process cost most of install().
+    Built under a temporary name and renamed into place whole; reused only when it is complete, its links
+    are exactly `names` and its script is the one this process would write. Never removed (it is small;
+    a different bundle toolchain or event log makes another)."""
+    import hashlib
+
+    answers = {fam: {a: {k: v for k, v in st.items() if k in ("stdout", "stderr")} for a, st in probes.items()
+                     if a in VERSION_PROBES}
+               for fam, probes in toolchain.items() if re.fullmatch(r"[A-Za-z0-9_.+-]+", fam)}
+    digest = hashlib.sha256(json.dumps([_SCRIPT, FIX, log, names, answers], sort_keys=True).encode()).hexdigest()
+    shared = os.path.join(runtime_dir(), f"stand-ins-{digest[:32]}")
+    script = _script(shared, log, names)
+    if not _stand_ins_complete(shared, names, script):
+        tmp = tempfile.mkdtemp(prefix="stand-ins-tmp-", dir=runtime_dir())
+        try:
+            os.makedirs(os.path.join(tmp, "bin"))
+            os.makedirs(os.path.join(tmp, "nvvm-bin"))
+            path = os.path.join(tmp, "nojit-stand-in")
+            with open(path, "w") as f:
+                f.write(script)
+            os.chmod(path, 0o755)
+            target = os.path.join(shared, "nojit-stand-in")  # where it will be once renamed
+            for name in names:
+                os.symlink(target, os.path.join(tmp, "bin", name))
+            os.symlink(target, os.path.join(tmp, "nvvm-bin", "cicc"))
+            _write_answers(tmp, answers)
+            with open(os.path.join(tmp, _COMPLETE), "w") as f:
+                f.write(digest + "\n")
+            try:
+                os.rename(tmp, shared)
+                tmp = ""
+            except OSError:  # another process put it there first (or a stale one is in the way)
+                if not _stand_ins_complete(shared, names, script):
+                    shutil.rmtree(shared, ignore_errors=True)
+                    os.rename(tmp, shared)
+                    tmp = ""
+        finally:
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return shared, tuple(sorted(answers))
+
+
+def _stand_ins_complete(shared: str, names: tuple[str, ...], script: str) -> bool:
+    try:
+        if not os.path.isfile(os.path.join(shared, _COMPLETE)):
+            return False
+        if sorted(os.listdir(os.path.join(shared, "bin"))) != sorted(names):
+            return False
+        if not os.path.islink(os.path.join(shared, "nvvm-bin", "cicc")):
+            return False
+        with open(os.path.join(shared, "nojit-stand-in")) as f:
+            return f.read() == script
+    except OSError:
+        return False
 
 
 def _variables(fw: str) -> dict[str, str]:
@@ -400,7 +458,7 @@ def activate(source: Any = None) -> FirewallReport:
             atexit.register(_remove_if_ours, fw, os.getpid())
         else:
             names = tuple(sorted(os.listdir(os.path.join(fw, "bin"))))
-            answers = os.path.join(fw, "answers")
+            answers = os.path.join(os.path.dirname(os.path.realpath(os.path.join(fw, "bin"))), "answers")
             answered = tuple(sorted(os.listdir(answers))) if os.path.isdir(answers) else ()
             versions_from, real = "inherited", None
         host = {t: toolchain_mod.find_tool(t) for t in ("nvcc", "ptxas", "ninja", "gcc", "g++", "cc", "c++")} if created else {}

@@ -22,6 +22,7 @@ import os
 import pathlib
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,6 +160,7 @@ class Installation:
     humming: Any = None  # HummingServing: Humming's cache seeded from the bundle (humming_serving.py)
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
+    timings: dict[str, float] = field(default_factory=dict)  # ms per step of install() (bench/bench_fastpath.py)
 
     def prepare(self) -> int:
         """Check and prepare every installed kernel now (source hash, its section of the bundle, launch tables);
@@ -249,6 +251,7 @@ def install(
                                   f"other arguments: {', '.join(differs)}",
                                   fix="call install() once per process, or uninstall() the first installation first")
             return _current
+        clock = _Steps()
         path = bundle_path or settings.bundle
         mode = Mode(mode) if mode is not None else settings.mode
         allow = settings.allow_mismatch if allow_mismatch is None else _allowed_words(allow_mismatch)
@@ -262,9 +265,12 @@ def install(
                 raise BundleError("no bundle given", fix="set NOJIT_BUNDLE to the bundle file built by `nojit build`, "
                                   "or install a bundle wheel made by `nojit package`")
             bundle, path = wheel_bundle, wheel_bundle.path
+        clock.step("open")
         if mode is Mode.STRICT:
             firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
+        clock.step("firewall")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
+        clock.step("versions")
         recorder = None
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
@@ -280,29 +286,35 @@ def install(
             from nojit.loader import tilelang_serving
 
             inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, allow)  # filled as vLLM decorates
+        clock.step("tilelang")
         flashinfer_ids = [k for k in wanted if records[k].runtime == "flashinfer"]
         if flashinfer_ids:
             from nojit.loader import flashinfer_serving
 
             inst.flashinfer = flashinfer_serving.install(bundle, flashinfer_ids, policy)
+        clock.step("flashinfer")
         humming_ids = [k for k in wanted if records[k].runtime == "humming"]
         if humming_ids:
             from nojit.loader import humming_serving
 
             inst.humming = humming_serving.install(bundle, humming_ids, policy)
+        clock.step("humming")
         triton_ids = [k for k in wanted if records[k].runtime == "triton"]
         if triton_ids:
             _install_triton(inst, triton_ids, resolve, allow)
+        clock.step("triton")
         cutedsl_ids = [k for k in wanted if records[k].runtime == "cutedsl"]
         if cutedsl_ids:
             from nojit.loader import cutedsl_serving
 
             inst.cutedsl = cutedsl_serving.install(bundle, cutedsl_ids, policy, allow, resolve)
+        clock.step("cutedsl")
         deepgemm_ids = [k for k in wanted if records[k].runtime == "deepgemm"]
         if deepgemm_ids:  # after firewall.activate: DeepGEMM's compiler ends at the stand-in, its probe answered
             from nojit.loader.deepgemm_serving import install_from_bundle
 
             inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
+        clock.step("deepgemm")
         from nojit.loader.cuda_launch import launcher
         from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability
@@ -310,6 +322,7 @@ def install(
         launcher().device_check = lambda device: check_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
             install_strict_guards()
+        clock.step("guards")
         for line in allowed:
             log.warning("nojit: serving %s although %s (NOJIT_ALLOW_MISMATCH)", path, line)
         if not settings.quiet:
@@ -317,8 +330,22 @@ def install(
                 "nojit: serving %d Triton and %d TileLang kernels (%d entries) from %s in %s mode",
                 len(inst.triton), len(inst.tilelang), bundle.index.entry_count, path, mode.value,
             )
+        inst.timings = clock.steps
         _current = inst
         return inst
+
+
+class _Steps:
+    """Milliseconds per step of install(), for the benchmark's breakdown (a clock read per step)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, float] = {}
+        self._t = time.perf_counter()
+
+    def step(self, name: str) -> None:
+        now = time.perf_counter()
+        self.steps[name] = (now - self._t) * 1e3
+        self._t = now
 
 
 def _allowed_words(words: Any) -> frozenset[str]:

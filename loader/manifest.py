@@ -501,6 +501,9 @@ class Entry:
     blob: str
     launch: TritonLaunch | TileLangLaunch | CuteLaunch | DeepGemmLaunch
     origin: str = "declared"
+    # the key as the runtime's key module decodes it, where validation decoded it already (Triton: the
+    # hashable key the server looks up); not part of the entry's identity or JSON form
+    decoded: Any = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -661,9 +664,10 @@ def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, Blob
         raise ef._bad("key", "is missing")
     key = _check_json_value(ef.obj["key"], ef)
     lf = ef.sub("launch")
+    decoded = None
     if record.runtime == "triton":
         launch: TritonLaunch | TileLangLaunch | CuteLaunch | DeepGemmLaunch = TritonLaunch.from_json(lf)
-        _check_triton_key(ef, key, launch, record)
+        decoded = _check_triton_key(ef, key, launch, record)
     elif record.runtime == "deepgemm":
         launch = DeepGemmLaunch.from_json(lf)  # key: the entry name, or a call recorded by NOJIT_MODE=record
         if not (key == launch.entry or isinstance(key, dict)):
@@ -686,7 +690,7 @@ def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, Blob
     else:
         launch = TileLangLaunch.from_json(lf)
         _check_tilelang_key(ef, key, launch)
-    return Entry(kernel, key, variant, blob, launch, ef.str("origin", max_len=1024))
+    return Entry(kernel, key, variant, blob, launch, ef.str("origin", max_len=1024), decoded)
 
 
 def entry_section_json(e: Entry) -> dict[str, Any]:
@@ -696,12 +700,14 @@ def entry_section_json(e: Entry) -> dict[str, Any]:
     return d
 
 
-def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: KernelRecord) -> None:
-    """The key decodes, has one item per parameter, and the launch passes exactly its run-time items, typed alike."""
+def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: KernelRecord) -> Any:
+    """The key decodes, has one item per parameter, and the launch passes exactly its run-time items, typed alike.
+    Returns the decoded key."""
     from nojit.loader.triton_key import key_from_json
 
     try:
-        spec, _options = key_from_json(key)
+        decoded = key_from_json(key)
+        spec, _options = decoded
     except ValueError as exc:
         raise ef._bad("key", f"is not a Triton key: {exc}") from None
     if len(spec) != len(record.params):
@@ -715,6 +721,7 @@ def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: Kerne
         want = "p" if ty.startswith("*") else TRITON_TYPE_CODES.get(ty)
         if code != want:
             raise ef._bad("launch.args", f"passes parameter {index} ({ty}) as {code!r}, expected {want!r}")
+    return decoded
 
 
 def _check_cute_key(ef: _Fields, key: Any) -> None:

@@ -8,8 +8,10 @@ buffers, exotic arguments) is a miss of the table and takes the Python path of
 TritonKernelServer, which is the one definition of the key; the fast path can be slower to
 say no, never wrong.
 
-The generated `run` binds the kernel's own parameters natively (no binder call) and hands
-the bound tuple, the grid, the device and torch's current stream to C.
+`run` is a C callable per kernel (`new_runner`): it binds the call's positional and keyword
+arguments to the kernel's parameters, picks the table of the launch options, computes the grid,
+reads torch's device and stream and launches, with no Python frame. Calls it hands back (warmup,
+options not seen yet, odd grids, misses) take a generated Python `run` and the server's own.
 """
 
 from __future__ import annotations
@@ -104,13 +106,31 @@ def _pointer_types(specializer: Any, is_const: bool) -> tuple[str | None, ...]:
     return types
 
 
+_TYPE_IDS: dict[str, int] = {}  # Triton pointer type -> the type id C codes use (one numbering per process)
+_POINTER_CODES: dict[tuple[int, bool], tuple[int, ...]] = {}
+
+
+def _pointer_codes(specializer: Any, is_const: bool) -> tuple[int, ...]:
+    """The type id of every registered dtype for a pointer parameter (0xFFFF: Triton cannot take it), once
+    per process instead of once per kernel parameter."""
+    cache_key = (id(specializer), is_const)
+    codes = _POINTER_CODES.get(cache_key)
+    if codes is None:
+        codes = _POINTER_CODES[cache_key] = tuple(_TYPE_IDS.setdefault(ty, len(_TYPE_IDS)) if ty else 0xFFFF
+                                                  for ty in _pointer_types(specializer, is_const))
+    return codes
+
+
 class TritonFastPath:
     """The C tables of one kernel: one per launch-options key holding its exact entries."""
 
     def __init__(self, fn: Any, specializer: Any, exact: dict[Key, Any]) -> None:
         m = fast_module()
+        self.runner: Any = None  # the C runner of make_run (tests probe it)
+        self.general: Any = None  # the generated Python run behind it
+        self.tables_by_raw: dict[tuple, Any] = {}  # raw launch options -> table, filled by the general run
         self.kinds: list[int] = []
-        self._tymap: dict[str, int] = {}
+        self._tymap = _TYPE_IDS
         params = []
         candidates: list[list[Any]] = []
         for p in fn.params:
@@ -123,8 +143,7 @@ class TritonFastPath:
             ann = p.annotation_type
             kind = K_FIXED if ann and (ann == "u1" or ann[:2] in ("fp", "bf")) else K_ANNOT if ann else K_PLAIN
             self.kinds.append(kind)
-            codes = tuple(self._tymap.setdefault(ty, len(self._tymap)) if ty else 0xFFFF
-                          for ty in _pointer_types(specializer, bool(p.is_const)))
+            codes = _pointer_codes(specializer, bool(p.is_const))
             params.append([kind, int(not p.do_not_specialize), int(not p.do_not_specialize_on_alignment), codes, cands])
         self._candidates = candidates
         by_options: dict[tuple, list[tuple[tuple[int, ...], Any]]] = {}
@@ -227,8 +246,8 @@ def make_run(server: Any, fast: TritonFastPath) -> Any:
 
     def miss(table: Any, bound: tuple, grid: Any, warmup: bool, options: dict) -> Any:
         """Not served by C (warmup, new options, generic entries, misses): the Python path decides."""
-        if options and table is _UNSEEN:
-            table_for_options(options)
+        if options and table is _UNSEEN and table_for_options(options) is not None and not warmup:
+            return namespace["run"](*bound, grid=grid, warmup=False, **options)  # known now: the C launch
         return slow(*bound, grid=grid, warmup=warmup, **options)
 
     def after(r: int, table: Any, bound: tuple, grid: Any, device: int, options: dict) -> Any:
@@ -288,7 +307,15 @@ def run({', '.join(arglist + ['*', 'grid', 'warmup', '**_nj_o'])}):
     return _nj_r
 """
     exec(compile(src, f"<nojit fast run {fn.__module__}:{fn.__qualname__}>", "exec"), namespace)
-    return namespace["run"]
+    general = namespace["run"]
+    # The run vLLM's calls reach: binding, options, grid, device, stream and launch in one C call; the
+    # generated function above takes the calls C hands back (warmup, options not seen yet, odd grids).
+    defaults = tuple(sig.parameters[n].default for n in names)
+    _runner, run = m.new_runner(namespace["_nj_t0"], tuple(names),
+                                defaults, inspect.Parameter.empty, current_device, current_stream, general, slow,
+                                after, tables_by_raw)
+    fast.runner, fast.general, fast.tables_by_raw = _runner, general, tables_by_raw
+    return run
 
 
 class _Unseen:

@@ -220,7 +220,7 @@ class TritonKernelServer:
         self._generic: dict[Key, TritonVariant] = {}  # by layout spec (see triton_key.layout_spec)
         self._generic_groups: dict[Key, list[tuple[Key, TritonVariant]]] = {}  # by generic_spec
         for e in entries:
-            key = key_from_json(e.key)
+            key = e.decoded if e.decoded is not None else key_from_json(e.key)  # decoded by the section's check
             variant = TritonVariant(e, self.bundle)
             if e.variant == "exact":
                 self._exact[key] = variant

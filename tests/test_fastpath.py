@@ -214,6 +214,8 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
         n = 0
         for kid, server in sorted(inst.triton.items()):
             assert server.entry_point != server.run, kid
+            server.prepare()
+            assert type(server.entry_point).__name__ == "builtin_function_or_method", kid  # the C runner
             fn = server.fn
             for key, variant in sorted(server.exact.items(), key=repr):
                 kwargs, _bufs, _ = synthesize(fn, key, 7, device="cpu")
@@ -239,3 +241,178 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
     assert n >= 10 and len(lines) == 2 * n
     for fast, python in zip(lines[::2], lines[1::2]):
         assert fast == python
+
+
+# ------------------------------------------------------------------------------ the C runner's binding
+def _runner_for(fn, exact):
+    """make_run over a stand-in server whose Python paths record that they were taken."""
+    from nojit.loader.triton_fast import make_run
+    from nojit.loader.triton_serving import TritonKernelServer
+
+    fast = TritonFastPath(fn, specializer, exact)
+    taken = []
+    server = SimpleNamespace(fn=fn, names=tuple(p.name for p in fn.params), record=SimpleNamespace(id="t"),
+                             _options={}, _debug=False, _instrumentation_mode="",
+                             run=lambda *a, **k: taken.append(("slow", a, k)) or "slow")
+    server.options_key = lambda o: TritonKernelServer.options_key(server, o)
+    import nojit.loader.torch_cuda as tc
+
+    saved = tc.current_device, tc.current_stream
+    tc.current_device, tc.current_stream = (lambda: 0), (lambda d: 77)  # no GPU here; C takes them at make_run
+    try:
+        run = make_run(server, fast)
+    finally:
+        tc.current_device, tc.current_stream = saved
+    return fast, run, taken
+
+
+def _call_forms(draw, fn, kwargs, options):
+    """The same call written as vLLM might: a positional prefix, the rest as keywords in any order,
+    defaults left out."""
+    names = [p.name for p in fn.params]
+    npos = draw(st.integers(0, len(names)))
+    pos = tuple(kwargs[n] for n in names[:npos])
+    rest = [n for n in names[npos:]]
+    rest = draw(st.permutations(rest))
+    kw = {n: kwargs[n] for n in rest if not (n == "MODE" and kwargs[n] == "relu" and draw(st.booleans()))}
+    return pos, kw, dict(options)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_c_binding_gives_the_python_key_and_bytes(data):
+    """The C runner binds positional, keyword and default arguments (and launch options) to the same key
+    and the same packed bytes as the Python binder, for an entry of the first call's key."""
+    from triton_test_kernels import every_kind
+
+    m = fast_module()
+    kwargs, options = data.draw(call_args(every_kind))
+    kwargs = {**kwargs, "MODE": data.draw(st.sampled_from(["relu", "gelu"]))}
+    try:
+        key = theirs(every_kind, kwargs, options)
+    except (OverflowError, TypeError):
+        return
+    variant = variant_for(key)
+    fast, run, taken = _runner_for(every_kind, {key: variant})
+    table = fast.tables.get(key[1])
+    if table is None:
+        assert fast.codes(key[0]) is None
+        return
+    if options:  # the options' table as the general run records it
+        fast.tables_by_raw[tuple(options.items())] = table
+    for _ in range(2):  # the second time the options come from the runner's own cache
+        pos, kw, opts = _call_forms(data.draw, every_kind, kwargs, options)
+        how, codes, idx, packed = m.probe(fast.runner, *pos, grid=(1,), warmup=False, **kw, **opts)
+        assert how == "table"
+        bound = bound_of(every_kind, kwargs, options)
+        assert (idx, codes) == m.lookup(table, bound)
+        assert idx == 0
+        assert codes == fast.codes(key[0])
+        if packed is not None:
+            assert packed == expected_bytes(variant.launch, bound)
+        else:
+            with pytest.raises((ValueError, OverflowError)):
+                expected_bytes(variant.launch, bound)
+    # another drawn call: C finds the entry only for the same key
+    kwargs2, _ = data.draw(call_args(every_kind))
+    kwargs2 = {**kwargs2, "MODE": kwargs["MODE"]}
+    pos, kw, opts = _call_forms(data.draw, every_kind, kwargs2, options)
+    how, codes, idx, _ = m.probe(fast.runner, *pos, grid=(1,), warmup=False, **kw, **opts)
+    if idx == 0:
+        assert theirs(every_kind, kwargs2, options) == key
+
+
+def test_calls_the_runner_does_not_take_go_to_python_unchanged():
+    """Warmup, a missing or repeated argument, unseen options, a list grid: handed to the generated Python
+    run as they came; Python then raises the TypeError or takes its own path."""
+    from triton_test_kernels import every_kind
+
+    m = fast_module()
+    base = dict(p=tensor(torch.float32, True), p_noalign=tensor(torch.float32, False), q=tensor(torch.bfloat16, False),
+                n=16, n_dns=1, n_noalign=32, n64=1, scale=1.0, flag=True, x=2.5, maybe_ptr=None, BLOCK=64)
+    key = theirs(every_kind, base, {})
+    fast, run, taken = _runner_for(every_kind, {key: variant_for(key)})
+    general = ("general", None, -1, None)
+    assert m.probe(fast.runner, grid=(1,), warmup=False, **base)[2] == 0
+    assert m.probe(fast.runner, grid=(1,), warmup=True, **base) == general
+    assert m.probe(fast.runner, grid=(1,), **base) == general
+    assert m.probe(fast.runner, warmup=False, **base) == general
+    assert m.probe(fast.runner, grid=(1,), warmup=False, **{k: v for k, v in base.items() if k != "n"}) == general
+    assert m.probe(fast.runner, base["p"], grid=(1,), warmup=False, **base) == general  # p given twice
+    assert m.probe(fast.runner, grid=(1,), warmup=False, num_warps=8, **base) == general  # options not seen yet
+    assert m.probe(fast.runner, *base.values(), "relu", 7, grid=(1,), warmup=False) == general  # too many
+    with pytest.raises(TypeError):
+        run(grid=(1,), warmup=False, **{k: v for k, v in base.items() if k != "n"})
+    with pytest.raises(TypeError):
+        run(base["p"], grid=(1,), warmup=False, **base)
+    # a miss (an int the entry does not cover) goes to the server's own run with the call as it came
+    run(grid=(1,), warmup=False, **{**base, "n": 17})
+    assert taken and taken[-1][0] == "slow" and taken[-1][2]["n"] == 17 and taken[-1][2]["grid"] == (1,)
+
+
+def test_the_runner_launches_through_the_driver_entry_with_grid_callables_and_options(tmp_path):
+    """The runner's launch hands the driver entry the packed bytes (a recording stand-in for cuLaunchKernelEx),
+    for a tuple grid, a grid callable (given {name: value}) and launch options."""
+    import ctypes
+    import shutil
+
+    from triton_test_kernels import every_kind
+
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler for the stand-in driver entry")
+    src = tmp_path / "rec.c"
+    src.write_text(textwrap.dedent("""
+        #include <string.h>
+        #include "nojit_cuda_abi.h"
+        unsigned grid[3]; unsigned long long stream; unsigned char params[512]; int calls;
+        int rec_launch(const NjLaunchConfig *cfg, void *f, void **p, void **extra) {
+            grid[0] = cfg->gridDimX; grid[1] = cfg->gridDimY; grid[2] = cfg->gridDimZ;
+            stream = (unsigned long long)cfg->hStream;
+            for (int i = 0; i < 12; i++) memcpy(params + 8 * i, p[i], 8);
+            calls++; return 0;
+        }
+    """))
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(os.path.dirname(here), "csrc"), str(src), "-o",
+                    str(tmp_path / "librec.so")], check=True)
+    lib = ctypes.CDLL(str(tmp_path / "librec.so"))
+    m = fast_module()
+    base = dict(p=tensor(torch.float32, True), p_noalign=tensor(torch.float32, False), q=tensor(torch.bfloat16, False),
+                n=16, n_dns=1, n_noalign=32, n64=1, scale=1.0, flag=True, x=2.5, maybe_ptr=None, BLOCK=64)
+    key = theirs(every_kind, base, {})
+    key8 = theirs(every_kind, base, {"num_warps": 8})
+    variant, variant8 = variant_for(key), variant_for(key8)
+    fast, run, taken = _runner_for(every_kind, {key: variant, key8: variant8})
+    import nojit.loader.torch_cuda as tc
+
+    try:
+        m.configure(m.tensor_type, m.dtypes, ctypes.cast(lib.rec_launch, ctypes.c_void_p).value)
+        for t in fast.tables.values():
+            m.set_function(t, 0, 0, 1)
+        fast.tables_by_raw[(("num_warps", 8),)] = fast.tables[key8[1]]
+        seen = []
+        for grid, options, want in [((3, 2, 1), {}, variant), (lambda meta: (meta["n"] + 1,), {}, variant),
+                                    ((5,), {"num_warps": 8}, variant8)]:
+            assert every_kind_run(every_kind, run, grid, base, options) is want
+            g = grid(dict(base)) if callable(grid) else grid
+            assert ctypes.c_ulonglong.in_dll(lib, "stream").value == 77
+            assert tuple((ctypes.c_uint * 3).in_dll(lib, "grid")) == tuple(g) + (1,) * (3 - len(g))
+            n = len(want.launch.args)
+            params = bytes((ctypes.c_ubyte * 512).in_dll(lib, "params"))
+            assert params[: 8 * n] == expected_bytes(want.launch, bound_of(every_kind, base, {}))
+            seen.append(ctypes.c_int.in_dll(lib, "calls").value)
+        assert seen == [1, 2, 3] and not taken
+    finally:
+        from nojit.loader import triton_fast
+
+        m.configure(m.tensor_type, m.dtypes, 0)
+        triton_fast._launch_ready = False
+
+
+def every_kind_run(fn, run, grid, kwargs, options):
+    """kernel[grid](**kwargs) with `run` installed, as Triton's own __getitem__ calls it."""
+    fn.run = run
+    try:
+        return fn[grid](**kwargs, **options)
+    finally:
+        del fn.run
