@@ -212,3 +212,108 @@ def test_key_values_check_tagged():
                 ["set", [1]], ["tuple", [["int", "1"]]], ["tuple", [nested]]]:
         with pytest.raises(ValueError):
             check_tagged(bad)
+
+
+# ---------------------------------------------------------------------------- TileLang
+def _tl_kernel(a, n, b, block=64, flag=True, scale=1.5, name="x", none=None):
+    return a, n, b
+
+
+def test_tilelang_binder_matches_python_signature_binding():
+    """TileLang 0.1.12 binds a call to the kernel function's signature with defaults filled in and keys the
+    non-tensor parameters in signature order; Python's own Signature.bind is that binding."""
+    import inspect
+
+    from nojit.loader.tilelang_key import MISSING
+    from nojit.loader.tilelang_key import make_binder as tl_binder
+
+    bind, tensors, scalars = tl_binder(_tl_kernel, {"a", "b"})
+    assert tensors == ("a", "b") and scalars == ("n", "block", "flag", "scale", "name", "none")
+    sig = inspect.signature(_tl_kernel)
+    for args, kwargs in [((1, 2, 3), {}), ((1, 2, 3, 128), {"flag": False}), ((), {"a": 1, "b": 3, "n": 7, "none": 0}),
+                         ((1, 2, 3, 4, 5, 6, 7, 8), {})]:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        want_t = tuple(bound.arguments[t] for t in tensors)
+        want_s = tuple(bound.arguments[s] for s in scalars)
+        assert bind(*args, **kwargs) == (want_t, want_s)
+    assert bind(n=4) == ((MISSING, MISSING), (4, 64, True, 1.5, "x", None))
+    assert bind() == ((MISSING, MISSING), (MISSING, 64, True, 1.5, "x", None))
+    with pytest.raises(TypeError):
+        bind(1, 2, 3, bogus=1)
+    assert tl_binder(lambda: 0, set())[0]() == ((), ())
+
+
+def test_tilelang_binder_refuses_parameters_it_cannot_key():
+    from nojit.loader.tilelang_key import make_binder as tl_binder
+
+    def star(a, *rest): ...
+    def kwonly(a, *, n): ...
+    def kwargs(a, **kw): ...
+    def reserved(a, _nj_missing): ...
+    for fn in (star, kwonly, kwargs, reserved):
+        with pytest.raises(ValueError, match="not supported"):
+            tl_binder(fn, {"a"})
+
+
+def test_tilelang_key_json():
+    from nojit.loader.tilelang_key import key_from_json as tl_from, key_names, key_text as tl_text, key_to_json as tl_to
+
+    names, values = ("n", "flag", "scale", "name", "none", "inf"), (4, True, 1.5, "x", None, float("inf"))
+    obj = tl_to(names, values)
+    assert obj == {"args": [["n", ["int", 4]], ["flag", ["bool", True]], ["scale", ["float", 1.5]], ["name", ["str", "x"]],
+                            ["none", ["NoneType", None]], ["inf", ["float", "inf"]]]}
+    assert tl_from(obj) == (4, True, 1.5, "x", None, "inf")
+    assert key_names(obj) == names
+    assert tl_from({"args": []}) == ()
+    assert tl_text(("n", "s"), (4, "a")) == "(n=4, s='a')"
+    bad = [[], {"args": {}}, {"args": [], "x": 1}, {"arg": []}, {"args": [["n"]]}, {"args": [["n", ["int", 1], 2]]},
+           {"args": [[1, ["int", 1]]]}, {"args": [["n", 1]]}, {"args": [["n", ["int"]]]}, {"args": [["n", ["int", 1, 2]]]},
+           {"args": [["n", ["int", 1]], ["n", ["int", 2]]]}, {"args": [["n", ["int", "1"]]]},
+           {"args": [["n", ["tuple", [["int", 1]]]]]}, {"args": [["n", ["bogus", 1]]]}, {"args": ["n"]}]
+    for b in bad:
+        with pytest.raises(ValueError):
+            tl_from(b)
+
+
+def test_tilelang_source_hash_follows_source_helpers_and_plain_globals(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    from nojit.loader.tilelang_key import source_hash
+
+    def load(name, text):
+        (tmp_path / f"{name}.py").write_text(text)
+        monkeypatch.syspath_prepend(str(tmp_path))
+        sys.modules.pop(name, None)
+        return importlib.import_module(name)
+
+    base = ("import os\nFLAG = True\nN = 4\nOTHER = 1\nOBJ = object()\n"
+            "def helper(x):\n    return x + N\n"
+            "def kernel(a):\n    return helper(a) if FLAG else os.sep, OBJ\n")
+    m = load("nj_tl_a", base)
+    h = source_hash(m.kernel)
+    assert h == source_hash(m.kernel) and len(h) == 64
+    for attr, value in [("FLAG", False), ("N", 5), ("N", 4.0)]:
+        monkeypatch.setattr(m, attr, value)
+        assert source_hash(m.kernel) != h, attr
+        monkeypatch.undo()
+    monkeypatch.setattr(m, "OTHER", 2)  # not read by the kernel
+    monkeypatch.setattr(m, "OBJ", object())  # not a plain value
+    assert source_hash(m.kernel) == h
+    changed = load("nj_tl_b", base.replace("x + N", "x - N"))
+    assert source_hash(changed.kernel) != h
+    same = load("nj_tl_c", base)
+    assert source_hash(same.kernel) == h
+    # helpers are followed to a bounded depth; recursion terminates
+    chain = "".join(f"def f{i}():\n    return f{i + 1}()\n" for i in range(7)) + "def f7():\n    return 7\n"
+    deep = load("nj_tl_d", chain)
+    deep2 = load("nj_tl_e", chain.replace("return 7", "return 8"))
+    assert source_hash(deep.f3) != source_hash(deep2.f3)  # f7 is 4 calls below f3
+    assert source_hash(deep.f2) == source_hash(deep2.f2)  # and 5 below f2: past the depth bound
+    rec = load("nj_tl_f", "def r(n):\n    return r(n - 1) if n else 0\n")
+    assert len(source_hash(rec.r)) == 64
+    # no source: the qualname stands in
+    fn, other = eval("lambda: 0"), eval("lambda: 0")
+    other.__qualname__ = "other"
+    assert source_hash(fn) != source_hash(other)
