@@ -5,3 +5,55 @@ Fast and deterministic (no hypothesis): tools/mutation/run.sh runs this file for
 """
 
 from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import zstandard
+
+from bundle_bytes import index_json, index_offset, seal
+from nojit.loader.bundle_file import HEADER, Bundle, Header
+from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
+from nojit.loader.manifest import FORMAT_VERSION
+from test_schema_rules import valid, write
+
+
+def _data() -> bytes:
+    m, blobs = valid()
+    return seal(m, blobs)
+
+
+# ---------------------------------------------------------------------------- reader (loader/bundle_file.py)
+def test_a_pin_may_use_every_hex_digit(tmp_path):
+    """`set(want) <= hex digits`, not a proper subset: a digest holding all sixteen digits is a digest."""
+    path = write(tmp_path, b"not a bundle")
+    with pytest.raises(BundleMismatchError, match="pins 0123456789abcdef"):
+        Bundle.open(path, expected_sha256="0123456789abcdef" * 4)
+    with pytest.raises(BundleError, match="not a sha256 hex digest"):
+        Bundle.open(path, expected_sha256="0123456789abcdeg" * 4)
+
+
+def test_trailing_bytes_are_counted(tmp_path):
+    with pytest.raises(BundleCorruptError, match=r": 5 bytes follow the index"):
+        Bundle.open(write(tmp_path, _data() + b"\0" * 5))
+
+
+def _frame_length_case(tmp_path, raw_size: int, frame_length: int) -> str:
+    """A file whose header declares an index of raw_size bytes in a frame of frame_length bytes (zeros)."""
+    data = _data()
+    moff = index_offset(data)
+    header = Header(FORMAT_VERSION, 0, moff, frame_length, raw_size, b"\0" * 32)
+    return write(tmp_path, header.pack() + data[HEADER.size:moff] + b"\0" * frame_length)
+
+
+@pytest.mark.parametrize("raw_size", [1500, 128 << 10, 200_000])
+def test_index_frame_cap_is_zstd_bound_plus_header_exactly(tmp_path, raw_size):
+    """The index frame may be as long as zstandard's worst case for its content (size + size/256, + 128 KiB
+    below 128 KiB of content) plus 64 bytes of frame header and checksum, and not one byte longer."""
+    bound = raw_size + (raw_size >> 8) + 64 + ((128 << 10) if raw_size < (128 << 10) else 0)
+    with pytest.raises(BundleCorruptError, match="index frame of"):
+        Bundle.open(_frame_length_case(tmp_path, raw_size, bound + 1))
+    with pytest.raises(BundleCorruptError) as info:  # past the cap check: the digest is wrong
+        Bundle.open(_frame_length_case(tmp_path, raw_size, bound))
+    assert "index digest mismatch" in info.value.message
