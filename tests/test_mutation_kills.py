@@ -57,3 +57,24 @@ def test_index_frame_cap_is_zstd_bound_plus_header_exactly(tmp_path, raw_size):
     with pytest.raises(BundleCorruptError) as info:  # past the cap check: the digest is wrong
         Bundle.open(_frame_length_case(tmp_path, raw_size, bound))
     assert "index digest mismatch" in info.value.message
+
+
+def test_index_size_cap_is_16_mib(tmp_path):
+    """The index cap is 16 MiB of JSON (bundle_file.MAX_MANIFEST_BYTES), written out here so that a looser
+    cap fails this test even though the reader's own constant moved with it."""
+    with pytest.raises(BundleCorruptError, match=r"index size 16777217 is out of range \(at most 16777216\)"):
+        Bundle.open(_frame_length_case(tmp_path, (16 << 20) + 1, 100))
+    with pytest.raises(BundleCorruptError, match="index digest mismatch"):
+        Bundle.open(_frame_length_case(tmp_path, 16 << 20, 100))
+
+
+def test_a_cubin_cut_short_after_open_names_its_digest(tmp_path):
+    m, blobs = valid()
+    path = write(tmp_path, seal(m, blobs))
+    b = Bundle.open(path)
+    first = min(b.index.blobs.values(), key=lambda r: r.offset)
+    with open(path, "r+b") as fh:  # the same file cut inside the first cubin (damage, not a redeploy)
+        fh.truncate(first.offset + first.length - 1)
+    with pytest.raises(BundleCorruptError, match=rf"{path}: cubin {first.sha256[:12]} is truncated\n"):
+        b.read_blob(first.sha256)
+    b.close()
