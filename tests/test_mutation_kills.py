@@ -78,3 +78,16 @@ def test_a_cubin_cut_short_after_open_names_its_digest(tmp_path):
     with pytest.raises(BundleCorruptError, match=rf"{path}: cubin {first.sha256[:12]} is truncated\n"):
         b.read_blob(first.sha256)
     b.close()
+
+
+def test_a_recorded_pin_mismatch_is_damage_and_shows_both_digests(tmp_path):
+    from nojit.loader.bundle_file import Pin
+
+    data = b"not the recorded bundle"
+    path = write(tmp_path, data)
+    have = hashlib.sha256(data).hexdigest()
+    pin = Pin("0123456789abcdef" * 4, by="the bundle wheel", fix="reinstall it", recorded=True)
+    with pytest.raises(BundleCorruptError, match=rf"the bundle wheel: {path} has sha256 {have[:16]}\.\.\., the bundle "
+                                                 r"wheel recorded 0123456789abcdef\.\.\. \(the file") as info:
+        Bundle.open(path, pin=pin)
+    assert info.value.fix == "reinstall it"
