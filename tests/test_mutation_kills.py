@@ -91,3 +91,17 @@ def test_a_recorded_pin_mismatch_is_damage_and_shows_both_digests(tmp_path):
                                                  r"wheel recorded 0123456789abcdef\.\.\. \(the file") as info:
         Bundle.open(path, pin=pin)
     assert info.value.fix == "reinstall it"
+
+
+def test_close_releases_the_descriptor_and_header_is_immutable(tmp_path):
+    import dataclasses
+
+    b = Bundle.open(write(tmp_path, _data()))
+    fd = b._fd
+    os.fstat(fd)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.header.index_offset = 0  # type: ignore[misc]
+    b.close()
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    b.close()  # twice is harmless
