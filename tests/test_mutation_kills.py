@@ -66,6 +66,8 @@ def test_index_size_cap_is_16_mib(tmp_path):
         Bundle.open(_frame_length_case(tmp_path, (16 << 20) + 1, 100))
     with pytest.raises(BundleCorruptError, match="index digest mismatch"):
         Bundle.open(_frame_length_case(tmp_path, 16 << 20, 100))
+    with pytest.raises(BundleCorruptError, match=r"index size 0 is out of range"):
+        Bundle.open(_frame_length_case(tmp_path, 0, 100))
 
 
 def test_a_cubin_cut_short_after_open_names_its_digest(tmp_path):
@@ -96,12 +98,26 @@ def test_a_recorded_pin_mismatch_is_damage_and_shows_both_digests(tmp_path):
 def test_close_releases_the_descriptor_and_header_is_immutable(tmp_path):
     import dataclasses
 
+    from nojit.loader.bundle_file import Pin
+
     b = Bundle.open(write(tmp_path, _data()))
     fd = b._fd
     os.fstat(fd)
     with pytest.raises(dataclasses.FrozenInstanceError):
         b.header.index_offset = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Pin("0" * 64).sha256 = "1" * 64  # type: ignore[misc]
     b.close()
     with pytest.raises(OSError):
         os.fstat(fd)
     b.close()  # twice is harmless
+
+
+def test_a_duplicate_key_is_named_up_to_64_characters(tmp_path):
+    from bundle_bytes import with_index
+
+    data = _data()
+    name = "k" * 70
+    raw = index_json(data)[:-1] + f',"{name}":1,"{name}":2}}'.encode()
+    with pytest.raises(BundleCorruptError, match=rf"key '{'k' * 64}' appears twice in one object"):
+        Bundle.open(write(tmp_path, with_index(data, raw)))
