@@ -121,3 +121,25 @@ def test_a_duplicate_key_is_named_up_to_64_characters(tmp_path):
     raw = index_json(data)[:-1] + f',"{name}":1,"{name}":2}}'.encode()
     with pytest.raises(BundleCorruptError, match=rf"key '{'k' * 64}' appears twice in one object"):
         Bundle.open(write(tmp_path, with_index(data, raw)))
+
+
+def test_canonical_json_refuses_non_finite_numbers():
+    from nojit.loader.bundle_file import canonical_json
+
+    assert canonical_json({"b": 1, "a": [1.5, "x"]}) == b'{"a":[1.5,"x"],"b":1}'
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            canonical_json({"x": bad})
+
+
+def test_blob_errors_name_the_digest_by_12_digits(tmp_path):
+    from test_schema_rules import SHA_A, SHA_B, CUBIN_B
+
+    m, _ = valid()
+    b = Bundle.open(write(tmp_path, seal(m, {SHA_A: b"\x7fELF not the cubin A names", SHA_B: CUBIN_B})))
+    with pytest.raises(BundleCorruptError, match=rf": cubin {SHA_A[:12]} fails its sha256 check\n"):
+        b.read_blob(SHA_A)
+    assert b.read_blob(SHA_B) == CUBIN_B
+    with pytest.raises(BundleCorruptError, match=r": no blob abababababab\n"):
+        b.read_blob("ab" * 32)
+    b.close()
