@@ -143,3 +143,12 @@ def test_blob_errors_name_the_digest_by_12_digits(tmp_path):
     with pytest.raises(BundleCorruptError, match=r": no blob abababababab\n"):
         b.read_blob("ab" * 32)
     b.close()
+
+
+def test_an_index_outside_the_file_is_named_at_the_header(tmp_path):
+    data = _data()
+    moff = index_offset(data)
+    for offset, length in [(moff, len(data) - moff + 1), (moff, 0), (HEADER.size - 1, 10)]:
+        header = Header(FORMAT_VERSION, 0, offset, length, 1000, b"\0" * 32)
+        with pytest.raises(BundleCorruptError, match=rf"index at {offset}\+{length} lies outside the {len(data)}-byte"):
+            Bundle.open(write(tmp_path, header.pack() + data[HEADER.size:]))
