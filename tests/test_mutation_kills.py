@@ -16,7 +16,7 @@ from bundle_bytes import index_json, index_offset, seal
 from nojit.loader.bundle_file import HEADER, Bundle, Header
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
 from nojit.loader.manifest import FORMAT_VERSION
-from test_schema_rules import valid, write
+from test_schema_rules import CUBIN_B, SHA_A, SHA_B, valid, write
 
 
 def _data() -> bytes:
@@ -133,8 +133,6 @@ def test_canonical_json_refuses_non_finite_numbers():
 
 
 def test_blob_errors_name_the_digest_by_12_digits(tmp_path):
-    from test_schema_rules import SHA_A, SHA_B, CUBIN_B
-
     m, _ = valid()
     b = Bundle.open(write(tmp_path, seal(m, {SHA_A: b"\x7fELF not the cubin A names", SHA_B: CUBIN_B})))
     with pytest.raises(BundleCorruptError, match=rf": cubin {SHA_A[:12]} fails its sha256 check\n"):
@@ -152,3 +150,53 @@ def test_an_index_outside_the_file_is_named_at_the_header(tmp_path):
         header = Header(FORMAT_VERSION, 0, offset, length, 1000, b"\0" * 32)
         with pytest.raises(BundleCorruptError, match=rf"index at {offset}\+{length} lies outside the {len(data)}-byte"):
             Bundle.open(write(tmp_path, header.pack() + data[HEADER.size:]))
+
+
+# ---------------------------------------------------------------------------- schema (loader/manifest.py)
+def _open_all(tmp_path, m: dict, blobs: dict | None = None) -> Bundle:
+    b = Bundle.open(write(tmp_path, seal(m, valid()[1] if blobs is None else blobs)))
+    b.verify()
+    return b
+
+
+def _refused(tmp_path, m: dict, match: str) -> None:
+    with pytest.raises(BundleCorruptError, match=match):
+        _open_all(tmp_path, m)
+
+
+def test_manifest_records_are_frozen():
+    """Records are shared by every thread of a server once parsed: none can be changed in place."""
+    from nojit.loader import manifest as mf
+
+    for cls in (mf.Producer, mf.Target, mf.BlobRef, mf.SectionRef, mf.TritonLaunch, mf.TileLangLaunch, mf.CuteLaunch,
+                mf.DeepGemmLaunch, mf.KernelRecord, mf.Entry, mf.Manifest, mf.Index):
+        assert cls.__dataclass_params__.frozen, cls.__name__
+
+
+@pytest.mark.parametrize("name, lo, hi", [
+    ("num_warps", 1, 32), ("num_ctas", 1, 16), ("shared", 0, 1 << 20), ("global_scratch_size", 0, 1 << 40),
+    ("global_scratch_align", 1, 1 << 20), ("profile_scratch_size", 0, 1 << 40), ("profile_scratch_align", 1, 1 << 20),
+])
+def test_triton_launch_ranges_at_both_ends(tmp_path, name, lo, hi):
+    """The ranges the schema documents (csrc and the driver get nothing outside them), at both ends."""
+    for value, ok in [(lo, True), (hi, True), (lo - 1, False), (hi + 1, False)]:
+        m, _ = valid()
+        m["entries"][0]["launch"][name] = value
+        if ok:
+            assert _open_all(tmp_path, m).entries("vllm.m:k")[0].launch.__dict__[name] == value
+        else:
+            _refused(tmp_path, m, rf"launch.{name} = {value} is outside \[{lo}, {hi}\]")
+
+
+def test_a_flashinfer_module_entry_is_keyed_by_its_module_name(tmp_path):
+    def with_flashinfer(key):
+        m, blobs = valid()
+        m["kernels"]["flashinfer.jit:gen_sampling_module"] = {"runtime": "flashinfer", "source_hash": "3" * 64,
+                                                              "params": [], "info": {}}
+        m["entries"].append({"kernel": "flashinfer.jit:gen_sampling_module", "key": key, "variant": "exact",
+                             "blob": SHA_A, "launch": {"module": "sampling"}, "origin": "declared"})
+        return m
+
+    assert _open_all(tmp_path, with_flashinfer("sampling")).entries("flashinfer.jit:gen_sampling_module")
+    for key in ("aaa", "zzz", "sampling2"):
+        _refused(tmp_path, with_flashinfer(key), "is not the FlashInfer module's name")
