@@ -200,3 +200,20 @@ def test_a_flashinfer_module_entry_is_keyed_by_its_module_name(tmp_path):
     assert _open_all(tmp_path, with_flashinfer("sampling")).entries("flashinfer.jit:gen_sampling_module")
     for key in ("aaa", "zzz", "sampling2"):
         _refused(tmp_path, with_flashinfer(key), "is not the FlashInfer module's name")
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("offset", -1, r"offset = -1 is outside \[0, "), ("length", 0, r"length = 0 is outside \[1, "),
+    ("size", 0, r"size = 0 is outside \[1, "), ("size", (64 << 20) + 1, r"size = 67108865 is outside \[1, 67108864\]"),
+    ("offset", True, "offset has type bool"), ("length", 1.0, "length has type float"),
+])
+def test_blob_table_fields_are_named_at_their_bounds(tmp_path, field, value, match):
+    import json
+
+    from bundle_bytes import with_index
+
+    data = _data()
+    index = json.loads(index_json(data))
+    index["blobs"][SHA_A][field] = value
+    with pytest.raises(BundleCorruptError, match=rf"manifest\.blobs\.{SHA_A[:12]}\.{match}"):
+        Bundle.open(write(tmp_path, with_index(data, json.dumps(index).encode())))
