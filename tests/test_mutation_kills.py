@@ -217,3 +217,53 @@ def test_blob_table_fields_are_named_at_their_bounds(tmp_path, field, value, mat
     index["blobs"][SHA_A][field] = value
     with pytest.raises(BundleCorruptError, match=rf"manifest\.blobs\.{SHA_A[:12]}\.{match}"):
         Bundle.open(write(tmp_path, with_index(data, json.dumps(index).encode())))
+
+
+@pytest.mark.parametrize("what, axis, hi", [("grid", 0, (1 << 31) - 1), ("grid", 1, 65535), ("grid", 2, 65535),
+                                            ("block", 0, 1024), ("block", 1, 1024), ("block", 2, 64)])
+def test_tilelang_literal_launch_sizes_at_cuda_limits(tmp_path, what, axis, hi):
+    """CUDA's per-axis limits (grid 2^31-1 x 65535 x 65535; block 1024 x 1024 x 64, 1024 threads in all)."""
+    for value, ok in [(hi, True), (hi + 1, False), (-1, False)]:
+        m, _ = valid()
+        dims = [1, 1, 1]
+        dims[axis] = value
+        m["entries"][1]["launch"][what] = dims
+        if ok:
+            launch = _open_all(tmp_path, m).entries("vllm.t:tl")[0].launch
+            assert getattr(launch, what)[axis] == value
+        else:
+            _refused(tmp_path, m, rf"launch.{what} \[.*\] is not a launch size")
+
+
+def test_digests_are_exactly_64_hex_digits(tmp_path):
+    for bad in (SHA_A + "0", SHA_A[:-1], SHA_A.upper()):
+        m, _ = valid()
+        m["entries"][0]["blob"] = bad
+        _refused(tmp_path, m, r"section\[0\]\.blob is not a lowercase sha256 hex digest")
+
+
+def test_source_hash_is_at_most_128_characters(tmp_path):
+    for n, ok in [(128, True), (129, False)]:
+        m, _ = valid()
+        m["kernels"]["vllm.m:k"]["source_hash"] = "a" * n
+        if ok:
+            assert _open_all(tmp_path, m).index.kernels["vllm.m:k"].source_hash == "a" * n
+        else:
+            _refused(tmp_path, m, r"source_hash is longer than 128 characters")
+
+
+def _with_deepgemm(calls) -> dict:
+    m, _ = valid()
+    m["kernels"]["deep_gemm:fp8_gemm_nt"] = {"runtime": "deepgemm", "source_hash": "4" * 64, "params": [], "info": {}}
+    m["entries"].append({"kernel": "deep_gemm:fp8_gemm_nt", "key": "kernel.abc123", "variant": "exact", "blob": SHA_A,
+                         "launch": {"entry": "kernel.abc123", "source": "// kernel.cu\n", "calls": calls},
+                         "origin": "declared"})
+    return m
+
+
+def test_deepgemm_calls_are_five_items(tmp_path):
+    launch = _open_all(tmp_path, _with_deepgemm([["wo_b", 4096, 2048, 1, 31]])).entries("deep_gemm:fp8_gemm_nt")[0].launch
+    assert launch.calls == (("wo_b", 4096, 2048, 1, 31),)
+    for bad in ([["wo_b", 4096, 2048, 1]], [["wo_b", 4096, 2048, 1, 31, 7]], [[1, 4096, 2048, 1, 31]],
+                [["wo_b", 4096, 2048, 1, True]], [["wo_b", -1, 2048, 1, 31]], [["wo_b", 4096, 2048, 1, 1 << 40]]):
+        _refused(tmp_path, _with_deepgemm(bad), r"launch.calls holds a call that is not \[shape, N, K, first M, last M\]")
