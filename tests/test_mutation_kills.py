@@ -264,6 +264,45 @@ def _with_deepgemm(calls) -> dict:
 def test_deepgemm_calls_are_five_items(tmp_path):
     launch = _open_all(tmp_path, _with_deepgemm([["wo_b", 4096, 2048, 1, 31]])).entries("deep_gemm:fp8_gemm_nt")[0].launch
     assert launch.calls == (("wo_b", 4096, 2048, 1, 31),)
+    # the key is the entry's name, or a call NOJIT_MODE=record wrote (an object)
+    m = _with_deepgemm([])
+    m["entries"][-1]["key"] = {"shape": "wo_b", "m": 7}
+    assert _open_all(tmp_path, m).entries("deep_gemm:fp8_gemm_nt")[0].key == {"shape": "wo_b", "m": 7}
+    for key in ("kernel.abc124", ["kernel.abc123"], None):
+        m["entries"][-1]["key"] = key
+        _refused(tmp_path, m, r"key names .*, its launch serves kernel.abc123")
     for bad in ([["wo_b", 4096, 2048, 1]], [["wo_b", 4096, 2048, 1, 31, 7]], [[1, 4096, 2048, 1, 31]],
                 [["wo_b", 4096, 2048, 1, True]], [["wo_b", -1, 2048, 1, 31]], [["wo_b", 4096, 2048, 1, 1 << 40]]):
         _refused(tmp_path, _with_deepgemm(bad), r"launch.calls holds a call that is not \[shape, N, K, first M, last M\]")
+
+
+def test_target_and_name_lengths_at_their_bounds(tmp_path):
+    for name, hi in [("capability", 1000), ("warp_size", 1024)]:
+        for value, ok in [(1, True), (hi, True), (0, False), (hi + 1, False)]:
+            m, _ = valid()
+            m["target"][name] = value
+            if ok:
+                assert getattr(_open_all(tmp_path, m).index.target, name) == value
+            else:
+                _refused(tmp_path, m, rf"manifest.target.{name} = {value} is outside \[1, {hi}\]")
+    long = "t" * 256  # a tensor parameter's name: up to 256 characters, in tensor_params and params alike
+    m, _ = valid()
+    launch = m["entries"][1]["launch"]
+    launch["tensor_params"][1]["name"] = long
+    launch["params"][1]["name"] = long
+    assert _open_all(tmp_path, m).entries("vllm.t:tl")[0].launch.params[1]["name"] == long
+    launch["tensor_params"][1]["name"] = launch["params"][1]["name"] = long + "t"
+    _refused(tmp_path, m, r"name is longer than 256 characters")
+
+
+def test_cutedsl_options_are_at_most_1024_characters(tmp_path):
+    def with_cute(options):
+        m, _ = valid()
+        m["kernels"]["vllm.c:cute_kernel"] = {"runtime": "cutedsl", "source_hash": "5" * 64, "params": [], "info": {}}
+        m["entries"].append({"kernel": "vllm.c:cute_kernel", "key": ["key", "vllm.c.cute_kernel", []],
+                             "variant": "exact", "blob": SHA_A, "launch": {"symbol": "f", "options": options},
+                             "origin": "declared"})
+        return m
+
+    assert _open_all(tmp_path, with_cute("o" * 1024)).entries("vllm.c:cute_kernel")[0].launch.options == "o" * 1024
+    _refused(tmp_path, with_cute("o" * 1025), r"launch.options is longer than 1024 characters")
