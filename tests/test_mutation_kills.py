@@ -306,3 +306,40 @@ def test_cutedsl_options_are_at_most_1024_characters(tmp_path):
 
     assert _open_all(tmp_path, with_cute("o" * 1024)).entries("vllm.c:cute_kernel")[0].launch.options == "o" * 1024
     _refused(tmp_path, with_cute("o" * 1025), r"launch.options is longer than 1024 characters")
+
+
+def test_blob_table_entry_missing_a_field_or_not_an_object(tmp_path):
+    import json
+
+    from bundle_bytes import with_index
+
+    for edit, match in [(lambda ref: ref.pop("size"), r"\.size is missing"), (lambda ref: ref.pop("offset"), r"\.offset is missing")]:
+        data = _data()
+        index = json.loads(index_json(data))
+        edit(index["blobs"][SHA_A])
+        with pytest.raises(BundleCorruptError, match=rf"manifest\.blobs\.{SHA_A[:12]}{match}"):
+            Bundle.open(write(tmp_path, with_index(data, json.dumps(index).encode())))
+    data = _data()
+    index = json.loads(index_json(data))
+    index["blobs"][SHA_A] = [1, 2, 3]
+    with pytest.raises(BundleCorruptError, match=rf"manifest\.blobs\.{SHA_A[:12]} is not an object"):
+        Bundle.open(write(tmp_path, with_index(data, json.dumps(index).encode())))
+
+
+def test_format_0_is_another_format_not_a_range_error(tmp_path):
+    import json
+
+    from bundle_bytes import with_index
+
+    data = _data()
+    index = json.loads(index_json(data))
+    index["format"] = 0
+    with pytest.raises(BundleMismatchError, match=r"bundle format 0, this nojit reads format 2"):
+        Bundle.open(write(tmp_path, with_index(data, json.dumps(index).encode())))
+
+
+@pytest.mark.parametrize("item", [[0, "p", 7], [0], 5, "p", [0, "pp"], [True, "p"], [0, "x"], [4096, "p"]])
+def test_triton_launch_args_items_are_index_type_pairs(tmp_path, item):
+    m, _ = valid()
+    m["entries"][0]["launch"]["args"][0] = item
+    _refused(tmp_path, m, r"launch.args has a malformed item")
