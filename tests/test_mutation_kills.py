@@ -338,8 +338,20 @@ def test_format_0_is_another_format_not_a_range_error(tmp_path):
         Bundle.open(write(tmp_path, with_index(data, json.dumps(index).encode())))
 
 
-@pytest.mark.parametrize("item", [[0, "p", 7], [0], 5, "p", [0, "pp"], [True, "p"], [0, "x"], [4096, "p"]])
+@pytest.mark.parametrize("item", [[0, "p", 7], [0], 5, "p", [0, "pp"], [True, "p"], [0, "x"], [4096, "p"], ["x", "p"],
+                                  [0.0, "p"], [-1, "p"]])
 def test_triton_launch_args_items_are_index_type_pairs(tmp_path, item):
     m, _ = valid()
     m["entries"][0]["launch"]["args"][0] = item
     _refused(tmp_path, m, r"launch.args has a malformed item")
+
+
+def test_cluster_dims_and_block_threads_are_kept_as_given(tmp_path):
+    m, _ = valid()
+    m["entries"][0]["launch"]["cluster_dims"] = [1, 2, 4]
+    m["entries"][1]["launch"]["block"] = [32, 32, 1]
+    b = _open_all(tmp_path, m)
+    assert b.entries("vllm.m:k")[0].launch.cluster_dims == (1, 2, 4)
+    assert b.entries("vllm.t:tl")[0].launch.block == (32, 32, 1)
+    m["entries"][1]["launch"]["block"] = [41, 25, 1]  # 1025 threads, each axis in range
+    _refused(tmp_path, m, r"launch.block \[41, 25, 1\] is not 1 to 1024 threads")
