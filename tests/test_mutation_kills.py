@@ -355,3 +355,28 @@ def test_cluster_dims_and_block_threads_are_kept_as_given(tmp_path):
     assert b.entries("vllm.t:tl")[0].launch.block == (32, 32, 1)
     m["entries"][1]["launch"]["block"] = [41, 25, 1]  # 1025 threads, each axis in range
     _refused(tmp_path, m, r"launch.block \[41, 25, 1\] is not 1 to 1024 threads")
+
+
+def test_producer_toolchain_origin_and_duplicate_messages_at_their_bounds(tmp_path):
+    import json
+    import re
+
+    for n, ok in [(65536, True), (65537, False)]:
+        m, _ = valid()
+        m["producer"]["toolchain"] = {"nvcc": {"--version": {"stdout": "v" * n, "stderr": ""}}}
+        if ok:
+            assert len(_open_all(tmp_path, m).index.producer.toolchain["nvcc"]["--version"]["stdout"]) == n
+        else:
+            _refused(tmp_path, m, r"producer.toolchain.nvcc is not an object of version probes")
+    for n, ok in [(1024, True), (1025, False)]:
+        m, _ = valid()
+        m["entries"][0]["origin"] = "o" * n
+        if ok:
+            assert _open_all(tmp_path, m).entries("vllm.m:k")[0].origin == "o" * n
+        else:
+            _refused(tmp_path, m, r"origin is longer than 1024 characters")
+    m, _ = valid()
+    m["entries"][1]["key"] = {"args": [["block", ["str", "x" * 300]]]}
+    m["entries"].append(dict(m["entries"][1]))
+    shown = json.dumps(m["entries"][1]["key"], sort_keys=True, separators=(",", ":"))[:200]
+    _refused(tmp_path, m, rf"kernel vllm.t:tl has two exact entries for key {re.escape(shown)}\n")
