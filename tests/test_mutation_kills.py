@@ -380,3 +380,12 @@ def test_producer_toolchain_origin_and_duplicate_messages_at_their_bounds(tmp_pa
     m["entries"].append(dict(m["entries"][1]))
     shown = json.dumps(m["entries"][1]["key"], sort_keys=True, separators=(",", ":"))[:200]
     _refused(tmp_path, m, rf"kernel vllm.t:tl has two exact entries for key {re.escape(shown)}\n")
+
+
+def test_producer_json_has_a_toolchain_only_when_recorded():
+    from nojit.loader.manifest import Producer
+
+    plain = Producer("0.1.0", "0.33.0", "3.8.0", None, None, None, "3.11", None)
+    assert "toolchain" not in plain.to_json() and plain.to_json()["nojit"] == "0.1.0"
+    probes = {"nvcc": {"--version": {"stdout": "13.0", "stderr": ""}}}
+    assert Producer("0.1.0", None, None, None, None, None, "3.11", None, probes).to_json()["toolchain"] == probes
