@@ -38,6 +38,10 @@ def tensor(dtype: torch.dtype, aligned: bool) -> torch.Tensor:
     return base if aligned else base[1:]
 
 
+class _SubTensor(torch.Tensor):
+    """A tensor subclass (Triton specializes anything with data_ptr; the loader's slower branch)."""
+
+
 def ours(fn, kwargs, options=None):
     _bound, spec, opts = make_binder(fn, specializer)(**kwargs, **(options or {}))
     return (spec, options_key(with_implicit_options(opts, fn.debug, triton.knobs.runtime.debug,
@@ -70,7 +74,8 @@ VARIED = {
     "flag": [True, False, 1, 16, None],
     "x": [2.5, 16, 1, None, float("-inf")],
     "maybe_ptr": [None, tensor(torch.float32, True), tensor(torch.int32, False), torch.nn.Parameter(torch.zeros(4)),
-                  torch.nn.Parameter(torch.zeros(5))[1:]],
+                  torch.nn.Parameter(torch.zeros(5))[1:], tensor(torch.float32, False).as_subclass(_SubTensor),
+                  tensor(torch.int8, True).as_subclass(_SubTensor), tensor(torch.int8, False)[15:].as_subclass(_SubTensor)],
     "p": [tensor(d, a) for d in (torch.float32, torch.bfloat16, torch.float16, torch.int8, torch.int64, torch.uint8,
                                  torch.bool, torch.float8_e4m3fn, torch.float8_e5m2) for a in (True, False)],
     "p_noalign": [tensor(torch.float32, False), tensor(torch.int32, True)],
@@ -157,6 +162,9 @@ def test_triton_key_json_refuses_what_key_to_json_never_writes():
     for obj in bad:
         with pytest.raises(ValueError):
             key_from_json(obj)
+    for item in (["*fp32"], ["i32", "D", 3], "i32", ["", "D"]):
+        with pytest.raises(ValueError, match=r"is not \[type, attribute\]"):
+            key_from_json({"spec": [item], "options": []})
 
 
 def test_triton_key_text():
