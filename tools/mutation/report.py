@@ -7,6 +7,7 @@ usage: python tools/mutation/report.py SESSION.sqlite [--survivors FILE] [--diff
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections import Counter
 
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--survivors")
     ap.add_argument("--diffs", action="store_true")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the output quietly
     counts: Counter[str] = Counter()
     survivors = []
     with use_db(args.session, WorkDB.Mode.open) as db:
