@@ -282,6 +282,8 @@ def test_tilelang_key_json():
     for b in bad:
         with pytest.raises(ValueError):
             tl_from(b)
+    with pytest.raises(ValueError, match="TileLang key item 'n' holds a list"):
+        tl_from({"args": [["n", ["tuple", []]]]})
 
 
 def test_tilelang_source_hash_follows_source_helpers_and_plain_globals(tmp_path, monkeypatch):
@@ -319,6 +321,11 @@ def test_tilelang_source_hash_follows_source_helpers_and_plain_globals(tmp_path,
     deep2 = load("nj_tl_e", chain.replace("return 7", "return 8"))
     assert source_hash(deep.f3) != source_hash(deep2.f3)  # f7 is 4 calls below f3
     assert source_hash(deep.f2) == source_hash(deep2.f2)  # and 5 below f2: past the depth bound
+    # names the module does not define (builtins, attributes) sort anywhere among the ones it does
+    late = load("nj_tl_g", "zed = 1\ndef k(a):\n    return abs(a) + zed\n")
+    h_late = source_hash(late.k)
+    monkeypatch.setattr(late, "zed", 2)
+    assert source_hash(late.k) != h_late
     rec = load("nj_tl_f", "def r(n):\n    return r(n - 1) if n else 0\n")
     assert len(source_hash(rec.r)) == 64
     # no source: the qualname stands in
