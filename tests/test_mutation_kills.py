@@ -389,3 +389,37 @@ def test_producer_json_has_a_toolchain_only_when_recorded():
     assert "toolchain" not in plain.to_json() and plain.to_json()["nojit"] == "0.1.0"
     probes = {"nvcc": {"--version": {"stdout": "13.0", "stderr": ""}}}
     assert Producer("0.1.0", None, None, None, None, None, "3.11", None, probes).to_json()["toolchain"] == probes
+
+
+# ---------------------------------------------------------------------------- expressions (loader/launch_expr.py)
+def test_comparison_operators_evaluate_as_integers():
+    from nojit.loader.launch_expr import evaluate, validate_expr
+
+    for op, want in [("<", (1, 0, 0)), ("<=", (1, 1, 0)), ("==", (0, 1, 0))]:
+        got = []
+        for a, b in [(3, 5), (5, 5), (7, 5)]:
+            e = {"op": op, "args": [{"var": "a"}, b]}
+            validate_expr(e, {"a"})
+            got.append(evaluate(e, {"a": a}))
+        assert tuple(got) == want, op
+    for op in ("xor", "~", "sum", "", "Select"):
+        with pytest.raises(ValueError, match="unknown operator"):
+            validate_expr({"op": op, "args": [1, 2]}, set())
+
+
+def _balanced(leaves: int):
+    """A '+' tree over `leaves` literals: 2*leaves - 1 nodes, depth about log2(leaves)."""
+    if leaves == 1:
+        return 1
+    half = leaves // 2
+    return {"op": "+", "args": [_balanced(half), _balanced(leaves - half)]}
+
+
+def test_expression_size_counts_every_node_once():
+    from nojit.loader.launch_expr import evaluate, validate_expr
+
+    validate_expr(_balanced(128), set())  # 255 nodes
+    assert evaluate(_balanced(128), {}) == 128
+    with pytest.raises(ValueError, match="more than 256 nodes"):
+        validate_expr(_balanced(129), set())  # 257 nodes
+    validate_expr({"op": "select", "args": [_balanced(64), _balanced(32), _balanced(32)]}, set())  # 1+127+63+63 = 254
