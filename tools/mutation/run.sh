@@ -5,7 +5,8 @@
 # usage: tools/mutation/run.sh TARGET [ONLY_FILE]
 #   TARGET: reader | schema | expr | values | triton_key | tilelang_key  (table below)
 #   ONLY_FILE: run exactly these mutants ("operator occurrence" per line; report.py --survivors writes it)
-# env: CR (cosmic-ray executable; default: `cosmic-ray` on PATH, else /work/crvenv/bin/cosmic-ray),
+# env: EVERY (override the target's sample: 1 in EVERY sites; the session is then TARGET-everyN.sqlite),
+#      CR (cosmic-ray executable; default: `cosmic-ray` on PATH, else /work/crvenv/bin/cosmic-ray),
 #      PY (python with nojit's dependencies and pytest; default: the venv's), WORK (default /tmp/nojit-mutation)
 # Results: $WORK/TARGET.sqlite; `python tools/mutation/report.py $WORK/TARGET.sqlite` summarizes.
 set -euo pipefail
@@ -27,6 +28,7 @@ case $target in
   tilelang_key) module=loader/tilelang_key.py; every=3; tests="tests/test_mutation_keys.py"; k="tilelang" ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
+[ -n "${EVERY:-}" ] && every=$EVERY
 copy=$WORK/tree-$target
 rm -rf "$copy"; mkdir -p "$copy/pkgroot/nojit"
 (cd "$root" && git ls-files --cached --others --exclude-standard | tar -cf - -T -) | tar -xf - -C "$copy"
@@ -51,7 +53,7 @@ test-command = "$copy/run-tests.sh"
 [cosmic-ray.distributor]
 name = "local"
 EOT
-db=$WORK/$target${only:+-rerun}.sqlite
+db=$WORK/$target${EVERY:+-every$EVERY}${only:+-rerun}.sqlite
 rm -f "$db"
 cd "$copy"
 "$CR" init "$WORK/$target.toml" "$db"
