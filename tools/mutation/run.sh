@@ -6,14 +6,14 @@
 #   TARGET: reader | schema | expr | values | triton_key | tilelang_key  (table below)
 #   ONLY_FILE: run exactly these mutants ("operator occurrence" per line; report.py --survivors writes it)
 # env: EVERY (override the target's sample: 1 in EVERY sites; the session is then TARGET-everyN.sqlite),
-#      CR (cosmic-ray executable; default: `cosmic-ray` on PATH, else /work/crvenv/bin/cosmic-ray),
+#      CR (cosmic-ray executable; default: `cosmic-ray` on PATH, else the venv's; this run: /work/crvenv/bin/cosmic-ray),
 #      PY (python with nojit's dependencies and pytest; default: the venv's), WORK (default /tmp/nojit-mutation)
 # Results: $WORK/TARGET.sqlite; `python tools/mutation/report.py $WORK/TARGET.sqlite` summarizes.
 set -euo pipefail
 target=$1; only=${2:-}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${WORK:-/tmp/nojit-mutation}
-CR=${CR:-$(command -v cosmic-ray || echo /work/crvenv/bin/cosmic-ray)}
+CR=${CR:-$(command -v cosmic-ray || echo "$root/.venv/bin/cosmic-ray")}
 CRPY=$(dirname "$CR")/python
 PY=${PY:-$root/.venv/bin/python}
 # Tests per target: the fast, deterministic ones first (pytest -x stops at the first failure).
