@@ -282,6 +282,8 @@ def test_tilelang_key_json():
     for b in bad:
         with pytest.raises(ValueError):
             tl_from(b)
+    with pytest.raises(ValueError, match=r"malformed TileLang key item \['n', \['int', 1, 2\]\]"):
+        tl_from({"args": [["n", ["int", 1, 2]]]})
     with pytest.raises(ValueError, match="TileLang key item 'n' holds a list"):
         tl_from({"args": [["n", ["tuple", []]]]})
 
