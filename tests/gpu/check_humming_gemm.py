@@ -236,7 +236,7 @@ class Gemm:
         import torch
         from humming.kernel.humming import HummingKernel
 
-        configs = HummingKernel.prepare_kernels(self.config_str, self.compute_config, self.tuning_config,
+        configs = HummingKernel.prepare_kernels(self.layer_config, self.compute_config, self.tuning_config,
                                                 torch.cuda.current_device())
         return configs.reshape(-1, 4).tolist()
 
@@ -262,7 +262,7 @@ class Gemm:
         out = torch.full((m, self.n), float("nan"), dtype=torch.bfloat16, device=dev)  # poisoned
         kw = {name: self.tensors[name] for name in ("weight_scale_2", "zero_point", "bias") if name in self.tensors}
         t0 = time.perf_counter()
-        ops.humming_gemm(layer_config=self.config_str, compute_config=self.compute_config,
+        ops.humming_gemm(layer_config=self.layer_config, compute_config=self.compute_config,
                          tuning_config=self.tuning_config, inputs=q, weight=self.tensors["weight"],
                          weight_scale=self.tensors["weight_scale"], input_scale=scale, outputs=out,
                          sorted_ids=sorted_ids, expert_ids=expert_ids, num_tokens_padded=padded, locks=locks,
