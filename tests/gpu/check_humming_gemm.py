@@ -22,7 +22,7 @@ vLLM's tuning table, that is different bundled kernels):
     rtol 0.01, atol 0.05, with its allowance of isolated bf16 outliers for stream-K kernels);
   * a control: the same output against the reference of a different expert routing must NOT match.
 
-    python tests/gpu/check_humming_gemm.py --dir .device-hg [--json OUT] [--tokens 1,4,64,200,300] [--dry-run]
+    python tests/gpu/check_humming_gemm.py --dir .device-hg [--json OUT] [--tokens 1,4,64,200,300,435,500] [--dry-run]
 
 --dry-run (no GPU): a stand-in H200 answers Humming's device questions and the launcher registration is counted;
 checks the carried calls, the intervals the token counts reach, the seeding (0 compiles, 0 processes) and the
@@ -408,7 +408,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=".device-hg")
     ap.add_argument("--json")
-    ap.add_argument("--tokens", default="1,4,64,200,300")
+    ap.add_argument("--tokens", default="1,4,64,200,300,435,500")
     ap.add_argument("--dry-run", action="store_true")
     opts = ap.parse_args()
     sys.addaudithook(_audit)
@@ -445,6 +445,12 @@ def main() -> int:
           f"{len(report.get('compiles', []))} compiles, {len(PROCESSES)} processes "
           f"(+{len(AT_IMPORT)} at import), "
           f"{len(report['failures'])} failures" + (" (dry run)" if opts.dry_run else ""))
+    if opts.dry_run:
+        planned = [c for c in report["cases"] if "op" in c]
+        print(f"  dry run: {len(planned)} cases over {len({(c['op'], c['interval']) for c in planned})} tuning intervals, "
+              f"all served by seeded bundle cubins: {all(c['kernel_file_seeded'] for c in planned)}; "
+              f"{report.get('registered')} GEMM kernels created by Humming, {report.get('bundle_hits')} bundle hits, "
+              f"misses {len(report.get('misses', []))}")
     for f in report["failures"][:20]:
         print("  FAIL", f)
     return 1 if report["failures"] else 0
