@@ -23,6 +23,11 @@
 #   humming  Humming entries of .device/humming.nojit (`nojit build --runtime humming -o .device/humming.nojit` on the
 #            build box): every input-processing kernel launched through nojit's C launcher vs a float32 reference
 #            (Humming's test tolerance), every GEMM cubin loaded with PTX JIT off (tests/gpu/check_humming.py)
+#   humming-gemm  Humming's GEMM kernels launched by Humming itself (its kernel objects, weight transform and
+#            precompiled launcher), served from .device-hg/humming.nojit in strict mode, vs a float64 reference of
+#            the MXFP4 x block-FP8 MoE GEMM, 0 compiles, 0 processes (tests/gpu/check_humming_gemm.py); needs
+#            .device-hg carried (`python tools/prepare_humming_device.py --bundle .device/humming.nojit`), whose
+#            wheels are installed into a temporary site folder first
 #   wheel    the merged bundle made into a bundle wheel (`nojit package`), installed with the nojit wheel of .whl
 #            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
 #            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
@@ -114,6 +119,13 @@ PY
     humming)
       CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming.py --bundle .device/humming.nojit \
         --json "$OUT/check_humming.json" 2>&1 | tail -30 || rc=1
+      ;;
+    humming-gemm)
+      rm -rf /tmp/hg-site
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/hg-site \
+        .device-hg/wheels/*.whl || rc=1
+      PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming_gemm.py \
+        --dir .device-hg --json "$OUT/check_humming_gemm.json" 2>&1 | tail -40 || rc=1
       ;;
     deepgemm)
       if command -v strace >/dev/null; then
