@@ -36,9 +36,10 @@ class _Bundle:
         raise AssertionError("no module load in these tests")
 
 
-def variant_for(launch: TileLangLaunch, tensor_order: tuple[str, ...] | None = None) -> ts.TileLangVariant:
+def variant_for(launch: TileLangLaunch, tensor_order: tuple[str, ...] | None = None,
+                blob: str = "0" * 64) -> ts.TileLangVariant:
     order = tensor_order or tuple(t["name"] for t in sorted(launch.tensor_params, key=lambda t: t["position"]))
-    entry = Entry("m:k", {"args": []}, "exact", "0" * 64, launch)
+    entry = Entry("m:k", {"args": []}, "exact", blob, launch)
     v = ts.TileLangVariant(entry, _Bundle(), order)
     v._functions[0] = FUNCTION
     return v
@@ -241,3 +242,56 @@ def bundle_parity(path: str, monkeypatch) -> int:
 @pytest.mark.skipif(not os.environ.get("NOJIT_TEST_TILELANG_BUNDLE"), reason="NOJIT_TEST_TILELANG_BUNDLE not set")
 def test_real_bundle_variants(monkeypatch):
     assert bundle_parity(os.environ["NOJIT_TEST_TILELANG_BUNDLE"], monkeypatch) >= 1
+
+
+def test_c_and_python_paths_reach_the_stand_in_driver_identically(tmp_path):
+    """End to end on the stand-in libcuda (tests/csrc/fake_libcuda.c): module load, the driver entry handed to C,
+    then each call once through the C path and once through the Python path; the driver logs the same launch."""
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+
+    if shutil.which("cc") is None:
+        pytest.skip("needs a C compiler to build the stand-in driver")
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(os.path.dirname(here), "csrc"),
+                    os.path.join(here, "csrc", "fake_libcuda.c"), "-o", str(tmp_path / "libcuda.so.1")], check=True)
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, "tests")
+        import torch
+        import nojit.loader.tilelang_serving as ts
+        from test_tilelang_fast import fused_launch, post_launch, post_tensors, variant_for
+
+        class Blobs:
+            path = "<stand-in>"
+            def __init__(self, image): self.image = image
+            def read_blob(self, blob): return self.image
+
+        ts.current_device = lambda: 0
+        ts.current_stream = lambda d: 99
+        post = variant_for(post_launch())
+        post._functions.clear()
+        post._bundle = Blobs(b"FAKE k 8,8,8,8,8,4")
+        fused = variant_for(fused_launch(({"var": "num_tokens"}, 12, {"var": "split_k"}), "int64"), blob="1" * 64)
+        fused._functions.clear()
+        fused._bundle = Blobs(b"FAKE k 8,8,8,4")
+        calls = [(post, post_tensors(n)) for n in (1, 7, 300)]
+        calls += [(fused, (torch.empty(n, 8, dtype=torch.bfloat16), torch.empty(k, 4))) for n, k in ((7, 8), (32, 4))]
+        for v, tensors in calls:
+            v(tensors)  # the C path (the first call loads the module and hands C the driver entry)
+            v._launch_python(tensors)
+        print("C plans", sum(v._plan is not None for v in (post, fused)))
+    """)
+    log = tmp_path / "log"
+    env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "FAKE_CUDA_LOG": str(log)}
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       cwd=os.path.dirname(here))
+    assert p.returncode == 0 and "C plans 2" in p.stdout, p.stderr[-3000:]
+    lines = [x for x in log.read_text().splitlines() if x.startswith("grid=")]
+    assert len(lines) == 10
+    for c_line, py_line in zip(lines[::2], lines[1::2]):
+        assert c_line == py_line
+    assert lines[0].startswith("grid=1,1,1 block=128,1,1 smem=10240 stream=99 nattrs=1 attrs=6:1,")
+    assert lines[6].startswith("grid=7,12,8 ") and lines[6].endswith(",0000000000000007,00000008")
