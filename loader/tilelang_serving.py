@@ -5,7 +5,9 @@ imports TileLang eagerly. Before that module is imported, the loader puts its ow
 `vllm.tilelang_utils` in its place: `tilelang_jit(fn)` returns a bundle server for fn, with
 the two methods vLLM uses (`__call__` at run time, `compile` from its warmup) plus
 `par_compile`. Calls are keyed by TileLang's phase-1 rule (tilelang_key), launched from the
-captured launch plan through the C launcher with PDL where the kernel has it. If vLLM
+captured launch plan with PDL where the kernel has it: one C call per launch
+(csrc/nojit_fast_tilelang.h) that checks, reads shapes, evaluates the geometry, packs and
+launches; whatever it declines takes the Python path (`_launch_python`), the one definition. If vLLM
 already imported the real module, the kernel functions are replaced in its namespace.
 
 vLLM routes mHC to TileLang only if `find_spec("tilelang")` succeeds; when TileLang is

@@ -108,8 +108,10 @@ def fused_launch(grid, ctype: str = "int32") -> TileLangLaunch:
                 "used_by_kernel": True},
                {"dtype": "float32", "name": "yp_out", "position": 1, "shape": [{"var": "split_k"}, 4],
                 "strides": [4, 1], "used_by_kernel": True})
-    params = ({"dtype": "bfloat16", "kind": "tensor", "name": "x"}, {"dtype": "float32", "kind": "tensor", "name": "yp_out"},
-              {"ctype": ctype, "kind": "scalar", "name": "num_tokens"}, {"ctype": "int32", "kind": "scalar", "name": "split_k"})
+    params = ({"dtype": "bfloat16", "kind": "tensor", "name": "x"},
+              {"dtype": "float32", "kind": "tensor", "name": "yp_out"},
+              {"ctype": ctype, "kind": "scalar", "name": "num_tokens"},
+              {"ctype": "int32", "kind": "scalar", "name": "split_k"})
     dyn = {"num_tokens": {"param": "x", "dim": 0}, "split_k": {"param": "yp_out", "dim": 0}}
     return TileLangLaunch("k", params, tparams, dyn, grid, (128, 1, 1), 0, True, None, False)
 
