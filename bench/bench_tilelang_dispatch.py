@@ -5,6 +5,7 @@
 Also a section of bench/bench_fastpath.py (--tilelang-bundle). Per kernel of the bundle (its first
 entry), on tensors of the plan's shapes and dtypes:
   server     the whole call as vLLM makes it: binding, the key lookup, the variant (C path)
+  server-Py  the same call with the variant on its Python path (NOJIT_FAST_PATH=0: the call before the C path)
   C path     the variant's one C call (checks, shapes, geometry, packing, cuLaunchKernelEx)
   Python     the variant's Python path (NOJIT_FAST_PATH=0 equivalent)
   floor      cuLaunchKernelEx of the same launch in a C loop, parameters packed once
@@ -118,13 +119,16 @@ def tilelang_dispatch(bundle_path: str, tokens: int = 1, split_k: int = 2, devic
         c_us = per_call_us(lambda: variant(tensors))
         py_us = per_call_us(lambda: variant._launch_python(tensors))
         server_us = per_call_us(lambda: server(*tensors))
+        plan, variant._plan = variant._plan, None  # the server call on the Python path (NOJIT_FAST_PATH=0)
+        server_py_us = per_call_us(lambda: server(*tensors))
+        variant._plan = plan
         floors = []
         for _ in range(5):
             floors.append(fast_module().tl_floor(variant._plan, tensors, dev, stream, 1000) / 1000)
             if gpu:
                 torch.cuda.synchronize()
         floor_us = statistics.median(floors)
-        rows.append({"kernel": kernel, "tokens": tokens, "server_us": server_us, "c_us": c_us, "python_us": py_us,
+        rows.append({"kernel": kernel, "tokens": tokens, "server_us": server_us, "server_python_us": server_py_us, "c_us": c_us, "python_us": py_us,
                      "floor_us": floor_us, "tilelang_recorded_us": TILELANG_RECORDED_US.get(kernel)})
     return rows
 
@@ -143,14 +147,14 @@ class _FakeBlobs:
 
 def print_table(rows: list[dict]) -> None:
     print("\n== TileLang mHC dispatch, host us per call (tokens as given; TileLang's own: recorded, see header)")
-    print(f"{'kernel':44s} {'server':>7s} {'C path':>7s} {'Python':>7s} {'floor':>6s} {'TileLang':>8s} "
+    print(f"{'kernel':44s} {'server':>7s} {'server-Py':>9s} {'C path':>7s} {'Python':>7s} {'floor':>6s} {'TileLang':>8s} "
           f"{'C/floor':>7s} {'server/floor':>12s} {'Python/C':>8s} {'server/TileLang':>15s}")
     for r in rows:
         if "skipped" in r:
             print(f"{r['kernel']:44s} skipped: {r['skipped']}")
             continue
         tl = r["tilelang_recorded_us"]
-        print(f"{r['kernel']:44s} {r['server_us']:7.2f} {r['c_us']:7.2f} {r['python_us']:7.2f} {r['floor_us']:6.2f} "
+        print(f"{r['kernel']:44s} {r['server_us']:7.2f} {r['server_python_us']:9.2f} {r['c_us']:7.2f} {r['python_us']:7.2f} {r['floor_us']:6.2f} "
               f"{(f'{tl:.1f}' if tl else '-'):>8s} {r['c_us'] / r['floor_us']:7.2f} "
               f"{r['server_us'] / r['floor_us']:12.2f} {r['python_us'] / r['c_us']:8.2f} "
               f"{(format(r['server_us'] / tl, '.3f') if tl else '-'):>15s}")
