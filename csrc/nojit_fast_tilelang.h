@@ -39,7 +39,12 @@ typedef struct {
   uint64_t function[NJ_MAX_DEVICES];
 } TlPlan;
 
-static PyObject *g_s_shape, *g_s_is_contiguous;
+static PyObject *g_s_shape, *g_s_ndim, *g_s_is_contiguous;
+
+/* A torch.Tensor (or subclass), by type: isinstance would run torch's metaclass hook on every call. */
+static int tl_is_tensor(PyObject *x) {
+  return g_tensor_type && PyType_Check(g_tensor_type) && PyType_IsSubtype(Py_TYPE(x), (PyTypeObject *)g_tensor_type);
+}
 
 static void tl_free(PyObject *capsule) {
   TlPlan *p = (TlPlan *)PyCapsule_GetPointer(capsule, "nojit.fast.tilelang");
@@ -271,15 +276,15 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, uint32_t dims[6], uint
   int rc = 1;
   for (int c = 0; c < p->nchecks; c++) {
     PyObject *x = t[p->check_index[c]];
-    if (x == p->missing || !g_tensor_type || PyObject_IsInstance(x, g_tensor_type) != 1)
+    if (!tl_is_tensor(x))
       goto out;
     PyObject *dtype = PyObject_GetAttr(x, g_s_dtype);
     Py_XDECREF(dtype);
     if (dtype != p->check_dtype[c])
       goto out;
-    PyObject *shape = PyObject_GetAttr(x, g_s_shape);
-    Py_ssize_t nd = shape ? PyObject_Length(shape) : -1;
-    Py_XDECREF(shape);
+    PyObject *ndim = PyObject_GetAttr(x, g_s_ndim);
+    long nd = ndim && PyLong_Check(ndim) ? PyLong_AsLong(ndim) : -1;
+    Py_XDECREF(ndim);
     if (nd != p->check_ndim[c])
       goto out;
     PyObject *contig = PyObject_CallMethodObjArgs(x, g_s_is_contiguous, NULL);
@@ -289,23 +294,28 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, uint32_t dims[6], uint
       goto out;
   }
   int64_t vals[TL_MAX_VARS];
+  PyObject *shape = NULL; /* one torch.Size per source tensor: the variables of a tensor are read together */
+  int shape_of = -1;
   for (int v = 0; v < p->nvars; v++) {
     PyObject *x = t[p->var_tensor[v]];
-    if (x == p->missing || !g_tensor_type || PyObject_IsInstance(x, g_tensor_type) != 1)
-      goto out;
-    PyObject *shape = PyObject_GetAttr(x, g_s_shape);
-    if (!shape)
-      goto out;
-    PyObject *size = PyObject_Length(shape) > p->var_dim[v] ? PySequence_GetItem(shape, p->var_dim[v]) : NULL;
-    Py_DECREF(shape);
-    if (!size)
-      goto out;
-    long long s = PyLong_Check(size) ? PyLong_AsLongLong(size) : -1;
-    Py_DECREF(size);
+    if (!tl_is_tensor(x))
+      goto out_shape;
+    if (shape_of != p->var_tensor[v]) {
+      Py_XDECREF(shape);
+      shape = PyObject_GetAttr(x, g_s_shape);
+      shape_of = p->var_tensor[v];
+      if (!shape || !PyTuple_Check(shape))
+        goto out_shape;
+    }
+    if (PyTuple_Size(shape) <= p->var_dim[v])
+      goto out_shape;
+    PyObject *size = PyTuple_GetItem(shape, p->var_dim[v]); /* borrowed */
+    long long s = size && PyLong_Check(size) ? PyLong_AsLongLong(size) : -1;
     if (s < 0)
-      goto out;
+      goto out_shape;
     vals[v] = s;
   }
+  Py_XDECREF(shape);
   for (int d = 0; d < 3; d++)
     if (tl_eval(p, d, vals, &dims[d]))
       goto out;
@@ -338,6 +348,9 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, uint32_t dims[6], uint
     }
   }
   rc = 0;
+  goto out;
+out_shape:
+  Py_XDECREF(shape);
 out:
   if (PyErr_Occurred())
     PyErr_Clear();
@@ -495,5 +508,6 @@ static PyObject *fast_tl_floor(PyObject *self, PyObject *args) {
 #define NJ_TILELANG_INIT()                                                                                             \
   do {                                                                                                                 \
     g_s_shape = PyUnicode_InternFromString("shape");                                                                   \
+    g_s_ndim = PyUnicode_InternFromString("ndim");                                                                     \
     g_s_is_contiguous = PyUnicode_InternFromString("is_contiguous");                                                   \
   } while (0)
