@@ -15,7 +15,9 @@ Sections (each a table of raw numbers with ratios, all measured in this run):
              launches) vs Triton with an empty cache (compiles) vs Triton with that cache pre-filled.
              Keys in bundle order; the JIT child stops after --cold-budget-s, and the ratio is taken
              over the keys it reached (the nojit child reports the same prefix and the whole set).
-TileLang mHC dispatch is not timed here (not done yet; see bench/RESULTS.md).
+  tilelang   (--tilelang-bundle) host us per TileLang mHC call: nojit's server call, its C path, its Python path,
+             the C floor of the same launch, and TileLang 0.1.12's own call path cost recorded on the build box
+             (bench/bench_tilelang_dispatch.py).
 """
 
 from __future__ import annotations
@@ -312,7 +314,8 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=2, help="exact keys (argument shapes) per kernel in the dispatch table")
     ap.add_argument("--cold-keys", type=int, default=0, help="limit the cold-start key list (0: every exact key)")
     ap.add_argument("--cold-budget-s", type=float, default=60.0)
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: dispatch,ready,cold")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: dispatch,tilelang,ready,cold")
+    ap.add_argument("--tilelang-bundle", help="a TileLang bundle: time mHC dispatch (bench/bench_tilelang_dispatch.py)")
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -330,6 +333,17 @@ def main() -> int:
     smap = load_source_map(args.sources) if args.sources else None
     if "dispatch" not in skip:
         out.update(dispatch_and_device(args, smap))
+    # ---- TileLang mHC dispatch (bench/bench_tilelang_dispatch.py) ----
+    if args.tilelang_bundle and "tilelang" not in skip:
+        import bench_tilelang_dispatch
+
+        rows = bench_tilelang_dispatch.tilelang_dispatch(args.tilelang_bundle)
+        out["tilelang"] = rows
+        bench_tilelang_dispatch.print_table(rows)
+        for r in rows:
+            if "c_us" in r:
+                goal(f"TileLang {r['kernel']} C path <= 1.5x the C floor: {r['c_us']:.2f} / {r['floor_us']:.2f} us",
+                     r["c_us"] <= 1.5 * r["floor_us"])
     if "ready" not in skip:
         ready = run_child(args, "ready")
         if ready:

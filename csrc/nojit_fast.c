@@ -1182,6 +1182,12 @@ static PyObject *fast_probe(PyObject *self, PyObject *const *args, Py_ssize_t na
   return Py_BuildValue("(sNiN)", "table", out, idx, packed);
 }
 
+/* ---- TileLang launches: their own section (csrc/nojit_fast_tilelang.h) ---- */
+#ifndef NOJIT_MAX_CLUSTER_BLOCKS
+#define NOJIT_MAX_CLUSTER_BLOCKS 16 /* as csrc/nojit_cuda.h */
+#endif
+#include "nojit_fast_tilelang.h"
+
 static PyMethodDef methods[] = {
     {"configure", fast_configure, METH_VARARGS, "configure(tensor_type, dtypes, cuLaunchKernelEx address)"},
     {"new_table", fast_new_table, METH_O, "new_table(params) -> table"},
@@ -1194,6 +1200,7 @@ static PyMethodDef methods[] = {
     {"probe", (PyCFunction)(void (*)(void))fast_probe, METH_FASTCALL | METH_KEYWORDS,
      "probe(runner, *args, **kwargs) -> (how, codes, entry, packed bytes)"},
     {"floor", fast_floor, METH_VARARGS, "floor(table, bound, grid, device, stream, iterations) -> ns per launch"},
+    NJ_TILELANG_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -1205,5 +1212,6 @@ PyMODINIT_FUNC PyInit__fastlaunch(void) {
   g_s_data_ptr = PyUnicode_InternFromString("data_ptr");
   g_s_grid = PyUnicode_InternFromString("grid");
   g_s_warmup = PyUnicode_InternFromString("warmup");
+  NJ_TILELANG_INIT();
   return PyModule_Create(&module);
 }

@@ -117,7 +117,8 @@ class Settings:
         "see loader/firewall.py).",
     )
     quiet = _Bool("NOJIT_QUIET", False, "Suppress the one-line summary the loader logs at install.")
-    fast_path = _Bool("NOJIT_FAST_PATH", True, "Launch exact Triton entries with one C call (off: the Python path only).")
+    fast_path = _Bool("NOJIT_FAST_PATH", True,
+                      "Launch exact Triton entries and TileLang variants with one C call (off: the Python path only).")
 
 
 settings = Settings()

@@ -5,7 +5,9 @@ imports TileLang eagerly. Before that module is imported, the loader puts its ow
 `vllm.tilelang_utils` in its place: `tilelang_jit(fn)` returns a bundle server for fn, with
 the two methods vLLM uses (`__call__` at run time, `compile` from its warmup) plus
 `par_compile`. Calls are keyed by TileLang's phase-1 rule (tilelang_key), launched from the
-captured launch plan through the C launcher with PDL where the kernel has it. If vLLM
+captured launch plan with PDL where the kernel has it: one C call per launch
+(csrc/nojit_fast_tilelang.h) that checks, reads shapes, evaluates the geometry, packs and
+launches; whatever it declines takes the Python path (`_launch_python`), the one definition. If vLLM
 already imported the real module, the kernel functions are replaced in its namespace.
 
 vLLM routes mHC to TileLang only if `find_spec("tilelang")` succeeds; when TileLang is
@@ -30,9 +32,10 @@ from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError, Lau
 from nojit.loader.launch_expr import evaluate
 from nojit.loader.manifest import Entry, KernelRecord, TileLangLaunch
 from nojit.loader.policy import ServingPolicy
-from nojit.loader.settings import Mode
+from nojit.loader.settings import Mode, settings
 from nojit.loader.tilelang_key import MISSING, key_from_json, key_text, key_to_json, make_binder, source_hash
 from nojit.loader.torch_cuda import current_device, current_stream
+from nojit.loader.triton_fast import _ensure_launch_entry, fast_module
 from nojit.loader.versions import check_source
 
 log = logging.getLogger("nojit")
@@ -67,6 +70,8 @@ class TileLangVariant(BundledFunction):
             (index[t["name"]], getattr(torch, t["dtype"]), len(t["shape"])) for t in launch.tensor_params
             if t["name"] in index
         )
+        self._plan = _c_plan(self, launch, len(tensor_order)) if settings.fast_path else None
+        self._tl_launch = fast_module().tl_launch if self._plan is not None else None
 
     def _dims(self, exprs: tuple, values: dict[str, int]) -> tuple[int, int, int]:
         if self._simple_geometry:
@@ -84,6 +89,32 @@ class TileLangVariant(BundledFunction):
                                 f"(contiguous={t.is_contiguous()}), the kernel takes a contiguous {ndim}-d {dtype}")
 
     def __call__(self, tensors: tuple[Any, ...]) -> None:
+        """One C call (checks, shapes, geometry, packing, cuLaunchKernelEx) where the plan has one; whatever C
+        declines takes the Python path, which launches or raises the typed error."""
+        plan = self._plan
+        if plan is not None:
+            try:
+                device = current_device()
+                stream = current_stream(device)
+            except RuntimeError:
+                return self._launch_python(tensors)
+            r = self._tl_launch(plan, tensors, device, stream)
+            if r == 0:
+                return None
+            if r == 2:  # first launch on this device: load the module, hand C the function and the driver entry
+                _ensure_launch_entry()
+                fast_module().tl_set_function(plan, device, self._functions.get(device) or self.load(device))
+                r = self._tl_launch(plan, tensors, device, stream)
+                if r == 0:
+                    return None
+            if r < 0:
+                raise LaunchError(f"launching {self.where()}: cuLaunchKernelEx failed (CUresult {-r})",
+                                  fix="check the CUDA driver and the GPU state; rerun with NOJIT_MODE=permissive to "
+                                  "fall back to the JIT")
+        return self._launch_python(tensors)
+
+    def _launch_python(self, tensors: tuple[Any, ...]) -> None:
+        """The one definition of a launch: checks, shape variables, geometry, packing, the cffi launcher."""
         self.check(tensors)
         values = {name: tensors[i].shape[dim] for name, i, dim in self._vars}
         grid = self._dims(self.launch.grid, values)
@@ -103,6 +134,44 @@ class TileLangVariant(BundledFunction):
                             int(self.launch.pdl), int(self.launch.cooperative), self._err, _ERRLEN)
         if rc:
             raise self._failed(rc)
+
+
+# ---- the C plan of a variant (csrc/nojit_fast_tilelang.h) ----
+_OPS = {"+": 2, "-": 3, "*": 4, "//": 5, "%": 6, "min": 7, "max": 8, "<": 9, "<=": 10, "==": 11, "select": 12}
+
+
+def compile_expr(expr: Any, var_index: dict[str, int], out: list[int]) -> None:
+    """A validated launch expression as the C side's postfix program: (op, value) pairs appended to out."""
+    if isinstance(expr, int):
+        out += (0, expr)
+    elif "var" in expr:
+        out += (1, var_index[expr["var"]])
+    else:
+        for a in expr["args"]:
+            compile_expr(a, var_index, out)
+        out += (_OPS[expr["op"]], 0)
+
+
+def _c_plan(variant: TileLangVariant, launch: TileLangLaunch, ntensors: int) -> Any:
+    """The variant's C plan, or None where the C module is absent or the plan is outside what C takes."""
+    m = fast_module()
+    if m is None:
+        return None
+    var_index = {name: i for i, (name, _t, _d) in enumerate(variant._vars)}
+    try:
+        programs = []
+        for e in (*launch.grid, *launch.block):
+            prog: list[int] = []
+            compile_expr(e, var_index, prog)
+            programs.append(tuple(prog))
+        params = tuple((0, ref, "p") if kind == 0 else (1, var_index[ref], _CTYPE_CODE[p["ctype"]])
+                       for (kind, ref), p in zip(variant._params, launch.params))
+        return m.tl_new(ntensors, variant._checks, tuple((t, d) for _n, t, d in variant._vars), tuple(programs),
+                        params, launch.dynamic_smem, tuple(launch.cluster_dims or (1, 1, 1)), int(launch.pdl),
+                        int(launch.cooperative), MISSING)
+    except (KeyError, ValueError, OverflowError, TypeError) as exc:  # outside C's limits: the Python path serves it
+        log.debug("nojit: %s served by the Python path (%s)", variant.entry.kernel, exc)
+        return None
 
 
 class TileLangKernelServer:
@@ -150,9 +219,10 @@ class TileLangKernelServer:
         if not self._ready:
             self.prepare()
         tensors, key = self._bind(*args, **kwargs)
-        if any(v is MISSING for v in key):
-            missing = [n for n, v in zip(self.scalar_names, key) if v is MISSING]
-            raise TypeError(f"{self.record.id}() missing required arguments {missing}")
+        for v in key:  # a plain loop: a generator in any() costs more than the rest of the lookup
+            if v is MISSING:
+                missing = [n for n, v in zip(self.scalar_names, key) if v is MISSING]
+                raise TypeError(f"{self.record.id}() missing required arguments {missing}")
         try:
             return tensors, self._variants.get(key), key
         except TypeError:  # an unhashable argument: TileLang freezes lists/dicts; vLLM passes none

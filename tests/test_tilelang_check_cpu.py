@@ -244,6 +244,7 @@ def test_dry_run_serves_every_entry_as_planned(tl_small):
     assert p.returncode == 0 and "RESULT: PASS" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     assert report["enable_pdl"] is True and report["tilelang_loaded"] == [] and report["compile_attempts"] == []
     assert report["serving_processes"] == [] and report["launches"] > 0
+    assert report["launches_by_c_path"] == report["launches"]  # every planned launch went through the C plan
     assert all(c.get("owner", "same") == "same" for r in report["entries"] for c in r["cases"])
     kernels = {r["kernel"] for r in report["entries"]}
     assert {"mhc_post_tilelang", "mhc_fused_tilelang"} <= kernels

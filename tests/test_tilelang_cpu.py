@@ -133,3 +133,10 @@ def test_tilelang_cubins_are_reproducible(tmp_path):
         run_cli("build", "--runtime", "tilelang", "--kernels", "mhc_post,hc_head", "-o", path,
                 "--cache-dir", str(tmp_path / cache), "--quiet", "-j", "1")
     assert open(a, "rb").read() == open(b, "rb").read()
+
+
+def test_c_launch_path_matches_the_python_path_on_every_variant(tl_build, monkeypatch):
+    """The 40 real variants: the C plan's dims and packed bytes equal the Python path's (tests/test_tilelang_fast.py)."""
+    from test_tilelang_fast import bundle_parity
+
+    assert bundle_parity(tl_build["bundle"], monkeypatch) == 40

@@ -44,6 +44,7 @@ NjResult cuModuleGetFunction(NjFunction *f, NjModule m, const char *name) {
 }
 NjResult cuFuncGetAttribute(int *v, int attr, NjFunction f) { *v = attr == 0 ? 1024 : 32; return 0; }
 NjResult cuFuncSetAttribute(NjFunction f, int attr, int v) {
+  if (!getenv("FAKE_CUDA_LOG")) return 0;
   FILE *log = fopen(getenv("FAKE_CUDA_LOG"), "a");
   fprintf(log, "setattr %d=%d\n", attr, v);
   fclose(log);
@@ -52,6 +53,7 @@ NjResult cuFuncSetAttribute(NjFunction f, int attr, int v) {
 NjResult cuFuncSetCacheConfig(NjFunction f, int c) { return 0; }
 NjResult cuLaunchKernelEx(const NjLaunchConfig *cfg, NjFunction f, void **params, void **extra) {
   FakeModule *fm = (FakeModule *)f;
+  if (!getenv("FAKE_CUDA_LOG")) return 0; /* no log: a no-op launch (host-cost benchmarks on the CPU box) */
   FILE *log = fopen(getenv("FAKE_CUDA_LOG"), "a");
   fprintf(log, "grid=%u,%u,%u block=%u,%u,%u smem=%u stream=%llu nattrs=%u attrs=", cfg->gridDimX, cfg->gridDimY,
           cfg->gridDimZ, cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ, cfg->sharedMemBytes,

@@ -542,6 +542,7 @@ class LaunchCapture:
 
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
+        self.c_calls = 0  # launches the C path made (its packed bytes decoded), the rest took the Python path
 
     def install(self, servers: dict[str, Any]) -> None:
         from nojit.loader import tilelang_serving
@@ -552,6 +553,36 @@ class LaunchCapture:
             for variant in server.variants.values():
                 variant._functions[0] = id(variant)
                 variant._c_launch = self._launch
+                if getattr(variant, "_plan", None) is not None:
+                    variant._tl_launch = self._c_path(variant)
+
+    def _c_path(self, variant: Any) -> Any:
+        """Stands for the C launch (csrc/nojit_fast_tilelang.h): what its plan packs for the call, recorded as the
+        Python path's launches are; a declined call (1) takes the Python path."""
+        import struct
+
+        from nojit.loader.triton_fast import fast_module
+
+        pack = fast_module().tl_pack
+        plan = variant.launch
+
+        def launch(c_plan: Any, tensors: tuple, device: int, stream: int) -> int:
+            r = pack(c_plan, tensors)
+            if r is None:
+                return 1
+            if r == 0:
+                return 0
+            grid, block, smem, packed = r
+            types_ = "".join("p" if p["kind"] == "tensor" else {"int32": "i", "int64": "l"}[p["ctype"]]
+                             for p in plan.params)
+            args = [struct.unpack_from("<I" if t == "i" else "<Q", packed, 8 * i)[0] for i, t in enumerate(types_)]
+            self.calls.append({"function": variant._functions[device], "grid": grid, "block": block, "smem": smem,
+                               "types": types_.encode(), "args": args, "pdl": int(plan.pdl),
+                               "cooperative": int(plan.cooperative)})
+            self.c_calls += 1
+            return 0
+
+        return launch
 
     def _launch(self, function: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int, stream: int,
                 types_: bytes, args: list[int], nargs: int, cx: int, cy: int, cz: int, pdl: int, coop: int,
@@ -711,6 +742,7 @@ def check_bundle(bundle_path: str, vllm_src: str, sizes: tuple[int, ...], seed: 
                                      "errors": [f"{type(exc).__name__}: {str(exc)[:300]}"]})
         row["ok"] = not row["errors"] and bool(row["cases"]) and all(c["ok"] for c in row["cases"])
     report["launches"] = len(capture.calls) if capture else None
+    report["launches_by_c_path"] = capture.c_calls if capture else None
     report["process_events"] = [f"{p}: {e}" for p, e in audit.events]
     report["serving_processes"] = [e for p, e in audit.events if p == "serving"]
     report["compile_attempts"] = list(guards.compile_attempts)

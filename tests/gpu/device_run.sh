@@ -178,6 +178,7 @@ PY
     fastpath)
       [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
       python3 bench/bench_fastpath.py --bundle $W/triton.nojit --sources $MAP --kernels 6 --cold-budget-s 40 \
+        $( [ -f .device/tilelang.nojit ] && echo --tilelang-bundle .device/tilelang.nojit ) \
         --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
