@@ -13,6 +13,11 @@ Every forward then asks Humming for:
     (`ProcessInputKernel.prepare_kernels`). The w13 input is not Humming's to process when vLLM quantizes it
     before the dispatch (block-FP8 activations: `_prequantizes_dispatch_activation`, asked of vLLM here).
 
+Before that, at weight loading, vLLM's MXFP4 path (quantization/utils/humming/moe.py `_prepare_and_transform_sublayer`)
+runs Humming's weight transform (`prepare_and_transform_humming_tensors`) for w13 and w2, whose ops construct their
+kernels directly (ProcessMxfp4W4A8Kernel, RepackWeightKernel): `transform_kernels` runs that transform on CPU tensors
+and records each construction.
+
 The layer configs come from Humming's and vLLM's own functions (`Mxfp4WeightSchema`, vLLM's
 `_humming_input_schema` + `check_and_fallback_input_schema`, Humming's `prepare_layer_config`), the tables from
 Humming's heuristics on a stand-in of the deployment's GPU (standin.py), and the kernel list from Humming's own
