@@ -11,8 +11,8 @@ routing with top-k 6) and per token count (chosen so that M = tokens * top_k fal
 vLLM's tuning table, that is different bundled kernels):
   * weights in the checkpoint's MXFP4 layout (uint8 e2m1 pairs, e8m0 scales per 32), random, converted and
     repacked by Humming's own code as vLLM does (Mxfp4WeightSchema.convert_humming, then
-    prepare_and_transform_humming_tensors); its two weight-transform kernels are not in the bundle (a gap found
-    here) and are seeded from `.device-hg/transform` with nojit's own seed function, so they too compile nothing;
+    prepare_and_transform_humming_tensors); its two weight-transform kernels are served from the bundle (a bundle
+    built before the build enumerated them: seeded from `.device-hg/transform` instead), so they compile nothing;
   * activations quantized to FP8 E4M3 with float32 scales per 128 (what vLLM's prepare step hands the experts);
   * routing aligned to the kernel's block size (vLLM's moe_align_block_size layout: Humming's test helper);
   * Humming's own launch: `humming.ops.humming_gemm` with vLLM's layer config, compute config and tuning table
