@@ -13,10 +13,11 @@ When is it seeded: once `humming.jit.runtime` is imported (at install when it al
 folder of nojit's per bundle (`NOJIT_HUMMING_DIR`, default `<tmp>/nojit-humming-<uid>/<digest>`), which
 `HUMMING_CACHE_DIR` points at, so Humming's lookups see bundled kernels only.
 
-A kernel the bundle lacks is caught where Humming is about to construct it (`compile_many` gets the kernel
-class and its arguments, the bundle's key): strict mode raises KernelNotInBundleError naming the kernel, its
-shape and configuration and how to add it; record mode records the key (for `nojit build --add-keys`) and
-lets Humming compile. Humming's compile step stays guarded in strict mode (loader/guards.py) behind this.
+A kernel the bundle lacks is caught where Humming is about to construct it (`KernelRuntime.__new__` gets the
+kernel class and its arguments, the bundle's key, whether `compile_many` constructs it at the first forward or
+the weight transform's ops construct it directly at weight loading): strict mode raises KernelNotInBundleError
+naming the kernel, its shape and configuration and how to add it; record mode records the key (for
+`nojit build --add-keys`) and lets Humming compile. Humming's compile step stays guarded in strict mode (loader/guards.py) behind this.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def describe(key: dict[str, Any]) -> str:
                 f"{a.get('a_dtype')}x{a.get('b_dtype')} {a.get('gemm_type')}"
         config = f"block {a.get('block_shape')} warp {a.get('warp_shape')} stages {a.get('num_stages')} " \
                  f"stream_k {a.get('use_stream_k')} warp_spec {a.get('use_warp_spec')}"
+    elif "hidden_size" not in a:  # the weight transform's kernels (RepackWeightKernel, ProcessMxfp4W4A8Kernel)
+        return f"{cls} {json.dumps(a, sort_keys=True)[:300]}"
     else:
         shape = f"hidden={a.get('hidden_size')} {a.get('input_dtype')}->{a.get('quant_dtype')} " \
                 f"group {a.get('quant_group_size')} activation {a.get('activation_type')} layout {a.get('layout')}"
@@ -138,6 +141,7 @@ class HummingServing:
     seeded: list[str] = field(default_factory=list)  # paths Humming will find
     hits: int = 0
     misses: list[str] = field(default_factory=list)
+    checked: set[str] = field(default_factory=set)  # keys already served or handed to the policy
 
 
 _current: HummingServing | None = None
@@ -203,7 +207,7 @@ def current() -> HummingServing | None:
 
 
 def activate() -> None:
-    """Humming's runtime is loaded: check headers and NVRTC, seed every bundled kernel, watch compile_many."""
+    """Humming's runtime is loaded: check headers and NVRTC, seed every bundled kernel, watch its construction."""
     serving, bundle = _current, _state["bundle"]
     if serving is None or bundle is None or serving.seeded:
         return
@@ -231,7 +235,7 @@ def activate() -> None:
         path = humming_cache.seed(getattr(compilers, launch.compiler), launch.code, launch.sm_version,
                                   launch.kernel_expr, launch.disable_fast_math, launch.postprocessed, cubin, e.blob)
         serving.seeded.append(path)
-    _watch_compile_many(KernelRuntime)
+    _watch_construction(KernelRuntime)
 
 
 class _NoProcess:
@@ -254,45 +258,55 @@ def _no_nvcc_probe() -> None:
         cuda.find_all_cuda_paths.cache_clear()
 
 
-def _watch_compile_many(runtime_cls: Any) -> None:
+def _watch_construction(runtime_cls: Any) -> None:
+    """Check every kernel Humming constructs, before it compiles: `KernelRuntime.__new__` receives the class and
+    the arguments of both ways Humming builds kernels, `compile_many` (prepare_kernels at the first forward) and
+    direct construction (the weight transform's ops at weight loading: `RepackWeightKernel(...)`)."""
     if _state["original"] is not None:
         return
-    original = runtime_cls.__dict__["compile_many"].__func__
+    original = runtime_cls.__dict__["__new__"]
+    original_fn = original.__func__ if isinstance(original, staticmethod) else original
 
-    def compile_many(kernel_specs: Any, device: Any = None) -> Any:
-        specs = list(kernel_specs)
-        _check(specs)
-        return original(specs, device)
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        _check(cls, args, kwargs)
+        return original_fn(cls, *args, **kwargs)
 
-    compile_many.__wrapped__ = original  # type: ignore[attr-defined]
-    runtime_cls.compile_many = staticmethod(compile_many)
+    __new__.__wrapped__ = original_fn  # type: ignore[attr-defined]
+    runtime_cls.__new__ = staticmethod(__new__)
     _state["original"] = (runtime_cls, original)
 
 
-def _check(specs: list[tuple[type, dict[str, Any]]]) -> None:
-    """Before Humming constructs these kernels: a bundled key is a cache hit; any other goes to the policy."""
+def _check(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Before Humming constructs this kernel: a bundled key is a cache hit; any other goes to the policy (each key
+    once: Humming keeps one object per key, and vLLM's loader transforms every layer with the same kernels)."""
     serving, policy = _current, _state["policy"]
     if serving is None or policy is None:
         return
-    for cls, args in specs:
-        key = kernel_key(cls, args)
-        entry = serving.entries.get(canonical(key))
-        if entry is not None:
-            serving.hits += 1
-            policy.served(entry.kernel, NAME, lambda key=key: key, "hit", serving.source_hashes[entry.kernel])
-            continue
-        serving.misses.append(describe(key))
-        policy.miss(key["class"], NAME, key, describe(key), serving.source_hashes.get(key["class"], ""),
-                    reason="Humming was about to compile it: add it with NOJIT_MODE=record, then "
-                           "`nojit build --add-keys FILE`")
+    key = kernel_key(cls, kwargs)
+    if args:  # Humming passes keyword arguments only; a positional one makes a key no build wrote
+        key["args"]["*positional"] = json_value(list(args))
+    text = canonical(key)
+    if text in serving.checked:
+        return
+    entry = serving.entries.get(text)
+    if entry is not None:
+        serving.checked.add(text)
+        serving.hits += 1
+        policy.served(entry.kernel, NAME, lambda key=key: key, "hit", serving.source_hashes[entry.kernel])
+        return
+    serving.misses.append(describe(key))
+    policy.miss(key["class"], NAME, key, describe(key), serving.source_hashes.get(key["class"], ""),
+                reason="Humming was about to compile it: add it with NOJIT_MODE=record, then "
+                       "`nojit build --add-keys FILE`")
+    serving.checked.add(text)  # record/permissive: recorded once, then Humming's own object answers
 
 
 def uninstall() -> None:
-    """Tests: put compile_many back and forget the installation (the seeded folder stays)."""
+    """Tests: put KernelRuntime.__new__ back and forget the installation (the seeded folder stays)."""
     global _current
     with _lock:
         if _state["original"] is not None:
             cls, original = _state["original"]
-            cls.compile_many = staticmethod(original)
+            cls.__new__ = original
         _state.update(policy=None, bundle=None, original=None)
         _current = None

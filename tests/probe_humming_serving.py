@@ -20,7 +20,7 @@ import time
 
 bundle_path, mode = sys.argv[1], sys.argv[2]
 order = sys.argv[3] if len(sys.argv) > 3 else "early"
-late = order in ("late", "vllm")  # Humming imported after install, as in a vLLM worker
+late = order in ("late", "vllm", "transform")  # Humming imported after install, as in a vLLM worker
 import traceback  # noqa: E402
 
 processes: list[str] = []
@@ -39,7 +39,7 @@ from nojit.loader.bundle_file import Bundle  # noqa: E402
 from nojit.loader.errors import KernelNotInBundleError  # noqa: E402
 from nojit.loader.install import install  # noqa: E402
 
-if order == "vllm":  # vLLM's code computes Humming's configs below: the deployment's platform first
+if order in ("vllm", "transform"):  # vLLM's code computes Humming's configs below: the deployment's platform first
     from nojit.aot.vllm_env import install_deployment_platform  # noqa: E402
     from nojit.aot.deployment import load_deployment  # noqa: E402
 
@@ -107,6 +107,54 @@ if order == "vllm":
         served[call.op] += len(configs) // 4  # (min M, max M, kernel id, ...) per tuning interval
     out.update(load_s=round(time.perf_counter() - t1, 3), intervals_per_op=dict(served), registered=len(registered),
                compiles=list(compiles), processes=list(processes))
+    print(json.dumps(out))
+    sys.exit(0)
+if order == "transform":
+    # vLLM's weight loading of one MoE layer (quantization/utils/humming/moe.py `_prepare_and_transform_sublayer`
+    # -> Humming's prepare_and_transform_humming_tensors) for w13 and w2, with vLLM's arguments
+    # (aot/runtimes/humming/enumerate.py transform_calls), on CPU tensors of one expert that pass Humming's
+    # `is_cuda` asserts. Humming's ops construct their kernels directly (found in Humming's cache, seeded from the
+    # bundle); only the launch (a GPU call) is replaced by a counter that checks the cubin is the bundle's.
+    from nojit.aot.models.deepseek_v4.humming_moe import routed_experts  # noqa: E402
+    from nojit.aot.runtimes.humming.enumerate import _looks_cuda, transform_calls  # noqa: E402
+
+    blobs = {e.blob for k in bundle.kernel_ids() for e in bundle.entries(k)}
+    launched: collections.Counter = collections.Counter()
+    import humming.ops.weight as weight_ops  # noqa: E402
+
+    for cls in (weight_ops.ProcessMxfp4W4A8Kernel, weight_ops.RepackWeightKernel):
+        def launch(self, *a, **k):
+            with open(self.kernel_filename, "rb") as f:
+                bundled = hashlib.sha256(f.read()).hexdigest() in blobs
+            launched[f"{type(self).__name__}{'' if bundled else ' (cubin not bundled)'}"] += 1
+
+        cls.__call__ = launch
+    looks_cuda = _looks_cuda()
+    calls = [c for moe in routed_experts(deployment) for c in transform_calls(deployment, moe)]
+    out["processes_computing_configs"] = list(processes)
+    del processes[:]
+    t1 = time.perf_counter()
+    per_op = {}
+    for call in calls:
+        before = sum(launched.values())
+        config, tensors = call.run({k: v.as_subclass(looks_cuda) for k, v in call.tensors(1).items()}, num_experts=1)
+        per_op[call.op] = sum(launched.values()) - before
+        assert tensors["weight"].dtype.is_floating_point is False
+    out.update(load_s=round(time.perf_counter() - t1, 3), launches_per_op=per_op, launched=dict(launched),
+               hits=inst.humming.hits, compiles=list(compiles), processes=list(processes))
+    # a transform kernel the bundle lacks, constructed directly as Humming's ops do
+    try:
+        weight_ops.RepackWeightKernel(weight_bits=4, activation_bits=8, is_weight_packed=True,
+                                      should_preprocess_for_int2fp=False, should_preprocess_with_zp=False,
+                                      use_fused_e8m0_scale=False, group_size_zp=0, use_packed_k_layout=True,
+                                      use_native_dequant=False)
+        out["miss"] = "compiled"
+    except KernelNotInBundleError as exc:
+        out["miss"] = f"{exc.message} | fix: {exc.fix}"
+    except Exception as exc:  # record mode lets Humming compile: its compile step is refused by the test's guard
+        out["miss"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+    out["miss_kernel"] = "humming.kernel.repack_weight:RepackWeightKernel"
+    out["compiles_after_miss"] = list(compiles)
     print(json.dumps(out))
     sys.exit(0)
 served = collections.Counter()

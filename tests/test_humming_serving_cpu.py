@@ -6,8 +6,8 @@ cache under the key this process's Humming computes (loader/humming_serving.py);
 Humming's own kernel creation finds every bundled kernel: no process (audit hook, and `strace -f` where
 installed), no arrival at Humming's compile step (counted). A configuration the bundle lacks is refused by name.
 
-The module's bundle holds the input-processing kernels only (5 of the default deployment's 61; about 2 minutes
-on 2 cores with vLLM's import and the enumeration); NOJIT_TEST_HUMMING_BUNDLE names a full bundle to check instead.
+The module's bundle holds the input-processing and weight-transform kernels only (5 + 2 of the default
+deployment's 63; about 2 minutes on 2 cores with vLLM's import and the enumeration); NOJIT_TEST_HUMMING_BUNDLE names a full bundle to check instead.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def humming_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("humming")
     path = str(out / "humming.nojit")
     p = subprocess.run([sys.executable, "-m", "nojit.aot.cli", "build", "--runtime", "humming", "--kernels",
-                        "ProcessInputKernel", "-j", "2", "-o", path, "--cache-dir", str(out / "cache"), "--quiet"],
+                        "ProcessInputKernel,ProcessMxfp4W4A8Kernel,RepackWeightKernel", "-j", "2", "-o", path, "--cache-dir", str(out / "cache"), "--quiet"],
                        capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return path
@@ -66,7 +66,9 @@ def test_every_bundled_humming_kernel_is_found_without_process_or_compile(tmp_pa
     out, execs = _probe(tmp_path, humming_bundle, "strict", trace=True, order=order)
     assert out["seeded_at_install"] == (len(entries) if order == "early" else 0)  # late: seeded as Humming loads
     print("per op:", out["served_per_op"], "seed s:", out["seed_s"], "load s:", out["load_s"])
-    assert sum(out["served_per_op"].values()) == len(entries) == out["seeded"] == out["registered"]
+    assert sum(out["served_per_op"].values()) == len(entries) == out["seeded"]
+    # the forward's kernels register with Humming's launcher; the weight transform's launch themselves
+    assert out["registered"] == len([e for e in entries if not e.origin.startswith("moe:transform:")])
     assert out["cubin_not_bundled"] == []  # each kernel object got the bundled cubin from Humming's own lookup
     assert out["compiles"] == []  # Humming's compile step (the NVRTC child) was never reached
     assert out["processes"] == []  # Humming's own lookups of every bundled kernel: no process
@@ -120,5 +122,32 @@ def test_vllm_calls_into_humming_find_every_kernel(tmp_path, humming_bundle):
     out, _ = _probe(tmp_path, humming_bundle, "strict", trace=False, order="vllm")
     print("tuning intervals per op:", out["intervals_per_op"], "kernels:", out["registered"], "s:", out["load_s"])
     assert set(out["intervals_per_op"]) == {"w13", "w2", "input:w2"}
-    assert out["registered"] == len({e.blob for k in b.kernel_ids() for e in b.entries(k)})
+    assert out["registered"] == len({e.blob for k in b.kernel_ids() for e in b.entries(k)
+                                     if not e.origin.startswith("moe:transform:")})  # the forward's kernels
     assert out["compiles"] == [] and out["processes"] == []
+
+
+@pytest.mark.parametrize("mode", ["strict", "record"])
+def test_vllm_weight_transform_finds_its_kernels_directly_constructed(tmp_path, humming_bundle, mode):
+    """vLLM's MXFP4 weight loading runs Humming's weight transform (prepare_and_transform_humming_tensors), whose ops
+    construct ProcessMxfp4W4A8Kernel and RepackWeightKernel directly, not through compile_many. With the bundle
+    installed: both found for w13 and w2 with no compile and no process; a transform kernel the bundle lacks is
+    refused by name in strict mode and recorded in record mode."""
+    # processes counted by the audit hook from the first transform on (importing vLLM's modules runs `uname`/`file`)
+    out, _ = _probe(tmp_path, humming_bundle, mode, trace=False, order="transform")
+    print("launches per op:", out["launches_per_op"], out["launched"], "s:", out["load_s"])
+    assert out["launches_per_op"] == {"transform:w13": 2, "transform:w2": 2}
+    assert out["launched"] == {"ProcessMxfp4W4A8Kernel": 2, "RepackWeightKernel": 2}  # the bundle's cubins
+    assert out["hits"] == 2  # two distinct keys, each served once
+    assert out["compiles"] == [] and out["processes"] == []
+    if mode == "strict":
+        assert "has no entry for key RepackWeightKernel" in out["miss"] and "nojit build --add-keys" in out["miss"], \
+            out["miss"]
+        assert '"use_fused_e8m0_scale": false' in out["miss"]
+        assert out["compiles_after_miss"] == []
+    else:
+        lines = [json.loads(x) for x in open(tmp_path / "keys.jsonl")]
+        misses = [x for x in lines if x.get("outcome") == "miss"]
+        assert len(misses) == 1 and misses[0]["key"]["class"] == out["miss_kernel"], misses
+        assert misses[0]["key"]["args"]["use_fused_e8m0_scale"] is False and misses[0]["source_hash"]
+        assert out["compiles_after_miss"] == ["NVRTCCompiler"]  # then Humming went on to compile it (the JIT)

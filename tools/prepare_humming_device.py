@@ -173,6 +173,13 @@ def compile_transform_kernels(layer_configs: list[str], out: str) -> list[dict]:
     return entries
 
 
+def bundle_has_transform_kernels(path: str) -> bool:
+    from nojit.loader.bundle_file import Bundle
+
+    ids = set(Bundle.open(path).kernel_ids())
+    return {"humming.kernel.process_mxfp4:ProcessMxfp4W4A8Kernel", "humming.kernel.repack_weight:RepackWeightKernel"} <= ids
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", required=True, help="a bundle with the Humming entries (nojit build --runtime humming)")
@@ -186,11 +193,14 @@ def main() -> int:
     with open(os.path.join(opts.out, "humming_calls.json"), "w") as f:
         json.dump(calls, f, indent=1)
     configs = [g["layer_config"] for layer in calls["layers"] for g in layer["gemms"].values()]
-    transform = compile_transform_kernels(configs, os.path.join(opts.out, "transform"))
+    shutil.rmtree(os.path.join(opts.out, "transform"), ignore_errors=True)
+    transform: list = []
+    if not bundle_has_transform_kernels(opts.bundle):  # bundles built before the build enumerated them
+        transform = compile_transform_kernels(configs, os.path.join(opts.out, "transform"))
     total = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(opts.out) for n in ns)
     print(f"{opts.out}: humming-kernels {version}, wheels {pins}, bundle {opts.bundle}, "
           f"{sum(len(layer['gemms']) for layer in calls['layers'])} GEMM calls, "
-          f"{len(transform)} weight-transform kernels; {total / 2**20:.1f} MiB")
+          f"{len(transform)} weight-transform kernels compiled here (0: the bundle holds them); {total / 2**20:.1f} MiB")
     return 0
 
 

@@ -11,8 +11,8 @@ routing with top-k 6) and per token count (chosen so that M = tokens * top_k fal
 vLLM's tuning table, that is different bundled kernels):
   * weights in the checkpoint's MXFP4 layout (uint8 e2m1 pairs, e8m0 scales per 32), random, converted and
     repacked by Humming's own code as vLLM does (Mxfp4WeightSchema.convert_humming, then
-    prepare_and_transform_humming_tensors); its two weight-transform kernels are not in the bundle (a gap found
-    here) and are seeded from `.device-hg/transform` with nojit's own seed function, so they too compile nothing;
+    prepare_and_transform_humming_tensors); its two weight-transform kernels are served from the bundle (a bundle
+    built before the build enumerated them: seeded from `.device-hg/transform` instead), so they compile nothing;
   * activations quantized to FP8 E4M3 with float32 scales per 128 (what vLLM's prepare step hands the experts);
   * routing aligned to the kernel's block size (vLLM's moe_align_block_size layout: Humming's test helper);
   * Humming's own launch: `humming.ops.humming_gemm` with vLLM's layer config, compute config and tuning table
@@ -173,12 +173,15 @@ def install_strict(root: str):
 
 
 def seed_transform_kernels(root: str) -> list[str]:
-    """The weight-transform kernels (not in the bundle) put in Humming's cache by nojit's own seed function."""
+    """The weight-transform kernels of a bundle that lacks them (built before they were enumerated) put in Humming's
+    cache by nojit's own seed function; none where prepare_humming_device.py found them in the bundle."""
     import humming.jit.compiler as compilers
 
     from nojit.loader import humming_cache
 
     d = os.path.join(root, "transform")
+    if not os.path.exists(os.path.join(d, "kernels.json")):
+        return []
     with open(os.path.join(d, "kernels.json")) as f:
         entries = json.load(f)
     paths = []
@@ -371,11 +374,16 @@ def dry_main(opts, report: dict) -> None:
         self.kernel_id = len(registered)
 
     HummingKernel.register_kernel = register
-    with open(os.path.join(opts.dir, "transform", "kernels.json")) as f:
-        for e in json.load(f):  # Humming constructs them as transform_humming_tensors does: a cache hit each
-            cls = ProcessMxfp4W4A8Kernel if e["class"].endswith("ProcessMxfp4W4A8Kernel") else RepackWeightKernel
-            kernel = cls(**e["args"])
-            report["cases"].append({"transform": e["class"], "file_seeded": os.path.exists(kernel.kernel_filename)})
+    transform = [e.key for e in inst.humming.entries.values()  # the bundle's, or the carried ones of an older bundle
+                 if e.key["class"].endswith((":ProcessMxfp4W4A8Kernel", ":RepackWeightKernel"))]
+    carried = os.path.join(opts.dir, "transform", "kernels.json")
+    if os.path.exists(carried):
+        with open(carried) as f:
+            transform += [{"class": e["class"], "args": e["args"]} for e in json.load(f)]
+    for e in transform:  # Humming constructs them as transform_humming_tensors does: a cache hit each
+        cls = ProcessMxfp4W4A8Kernel if e["class"].endswith("ProcessMxfp4W4A8Kernel") else RepackWeightKernel
+        kernel = cls(**e["args"])
+        report["cases"].append({"transform": e["class"], "file_seeded": os.path.exists(kernel.kernel_filename)})
     with open(os.path.join(opts.dir, "humming_calls.json")) as f:
         calls = json.load(f)
     tokens = [int(t) for t in opts.tokens.split(",")]

@@ -27,9 +27,14 @@ from nojit.aot.runtimes.humming import standin
 from nojit.aot.runtimes.humming.enumerate import enumerate_kernels
 from nojit.loader.humming_serving import NAME, HummingLaunch
 
-# The kernel classes Humming's MoE path constructs (humming.kernel.*); a --kernels selection naming none skips planning.
+# The kernel classes Humming's MoE path constructs (humming.kernel.*): at the first forward, and in the weight
+# transform at weight loading; a --kernels selection naming none skips planning.
 KERNEL_CLASSES = ("humming.kernel.humming:HummingKernel", "humming.kernel.process_input:ProcessInputKernel",
-                  "humming.kernel.process_input:ProcessInputScaleKernel")
+                  "humming.kernel.process_input:ProcessInputScaleKernel",
+                  "humming.kernel.process_mxfp4:ProcessMxfp4W4A8Kernel",
+                  "humming.kernel.repack_weight:RepackWeightKernel")
+_SITE_FORWARD = "vllm fused_humming_moe.py HummingIndexedExperts -> humming prepare_kernels"
+_SITE_TRANSFORM = "vllm quantization/utils/humming/moe.py _prepare_and_transform_sublayer -> humming transform ops"
 NVRTC_LIB_DIRS = ("cu13/lib", "cuda_nvrtc/lib")  # under the `nvidia` namespace: where the nvrtc wheels put libnvrtc
 
 
@@ -93,7 +98,7 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
         if spec.kernel_class not in p.kernels:
             p.add_kernel(spec.kernel_class, PlanKernel(
                 runtime=NAME, source_hash=source_hash(spec.kernel_class, tools["headers_digest"]), params=[],
-                info={**tools, "site": "vllm fused_humming_moe.py HummingIndexedExperts -> humming prepare_kernels",
+                info={**tools, "site": _SITE_TRANSFORM if spec.op.startswith("transform:") else _SITE_FORWARD,
                       "device": {"name": d.platform.device_name, "sm_count": d.platform.sm_count}}))
         p.add(PlanRequest(spec.kernel_class, spec.key(), "exact", f"moe:{spec.op}"))
 
