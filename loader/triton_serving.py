@@ -210,6 +210,10 @@ class TritonKernelServer:
                                           fix="rebuild the bundle with `nojit build`") from None
             if self.fn.__dict__.get("run") == self._first_call:  # still installed: point it at the real path
                 self.fn.run = self.entry_point
+                if self._fast is not None:  # kernel[grid] bound in C, without Triton's lambda
+                    from nojit.loader.triton_fast import serve_getitem
+
+                    serve_getitem(self.fn)
             self._ready = True
 
     def _build(self, entries: tuple[Entry, ...]) -> None:
