@@ -124,7 +124,12 @@ def dispatch_and_device(args, smap) -> dict:
             if r is not variant:
                 print(f"  {name}: not served by its exact entry, skipped")
                 continue
+            # nojit: kernel[grid](...) exactly as vLLM writes it; a served kernel's __getitem__ is the C bound grid
+            bound_grid = type(fn[grid]).__name__ == "builtin_function_or_method"
             fast_us = per_call_us(lambda: fn[grid](**kwargs))
+            # the columns below run with the kernel's own class (Triton's __getitem__ lambda), as before
+            triton_fast.restore_getitem(fn)
+            lambda_us = per_call_us(lambda: fn[grid](**kwargs))  # the C runner behind Triton's lambda
             fn.run = server.run
             py_us = per_call_us(lambda: fn[grid](**kwargs))
             # the C floor: same table, same call, the driver call alone in a C loop
@@ -149,8 +154,11 @@ def dispatch_and_device(args, smap) -> dict:
             torch.cuda.synchronize()
             triton_us = per_call_us(lambda: fn[grid](**kwargs))
             fn.run = server.entry_point
+            if bound_grid:
+                triton_fast.serve_getitem(fn)
             rows.append(dict(kernel=name, nojit=fast_us, python_path=py_us, triton=triton_us, floor=floor_us,
-                             call=call_us, accessors=access_us, c_launch=launch_us))
+                             call=call_us, accessors=access_us, c_launch=launch_us, lambda_run=lambda_us,
+                             bound_grid=bound_grid))
             generic = server.fallback_for(key)
             if generic is not None:
                 bound = server._binder(**kwargs)[0]
@@ -159,13 +167,16 @@ def dispatch_and_device(args, smap) -> dict:
                                      generic=gpu_us(lambda: generic(bound, g))))
     inst.uninstall()
     print(f"\n== dispatch: host us per kernel[grid](...) call (triton {triton.__version__}, torch {torch.__version__})")
-    print("   nojit: the C runner (fn.run); py-path: TritonKernelServer.run; call: Triton's kernel[grid] lambda + the\n"
+    print("   nojit: kernel[grid](...) as vLLM calls it (* where __getitem__ is the C bound grid); lambda: the C\n"
+          "   runner (fn.run) behind Triton's own __getitem__ lambda (nojit before the bound grid);\n"
+          "   py-path: TritonKernelServer.run; call: Triton's kernel[grid] lambda + the\n"
           "   keywords into a C callable doing nothing; acc: torch's device + stream accessors; launch: the C launch with\n"
           "   the arguments bound (classify, pack, driver); floor: the driver call alone in a C loop")
-    print(f"{'kernel / key':58s} {'nojit':>7s} {'py-path':>7s} {'triton':>7s} {'call':>6s} {'acc':>6s} {'launch':>7s} "
-          f"{'C floor':>7s} {'/floor':>7s} {'/triton':>7s}")
+    print(f"{'kernel / key':58s} {'nojit':>7s} {'lambda':>7s} {'py-path':>7s} {'triton':>7s} {'call':>6s} {'acc':>6s} "
+          f"{'launch':>7s} {'C floor':>7s} {'/floor':>7s} {'/triton':>7s}")
     for r in rows:
-        print(f"{r['kernel'][:58]:58s} {r['nojit']:7.2f} {r['python_path']:7.2f} {r['triton']:7.2f} {r['call']:6.2f} "
+        print(f"{r['kernel'][:58]:58s} {r['nojit']:6.2f}{'*' if r['bound_grid'] else ' '} {r['lambda_run']:7.2f} "
+              f"{r['python_path']:7.2f} {r['triton']:7.2f} {r['call']:6.2f} "
               f"{r['accessors']:6.2f} {r['c_launch']:7.2f} {r['floor']:7.2f} {r['nojit'] / r['floor']:7.2f} "
               f"{r['nojit'] / r['triton']:7.2f}")
     if rows:

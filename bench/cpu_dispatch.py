@@ -148,7 +148,8 @@ def main() -> int:
         fn.run = lambda *a, **k: variant
         none_us = per_call_us(lambda: launcher(*pos, **kw, **options), args.calls)
         del fn.run
-        print(f"{name:40s} {bound_us:7.3f} {lambda_us:7.3f} {c_us:7.3f} {py_us:7.3f} {launch_us:7.3f} {none_us:7.3f} {floor_us:7.3f}")
+        print(f"{name:40s} {bound_us:7.3f} {lambda_us:7.3f} {c_us:7.3f} {py_us:7.3f} {launch_us:7.3f} {none_us:7.3f} "
+              f"{floor_us:7.3f}")
     return 0
 
 
