@@ -166,6 +166,8 @@ PY
       [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
       python3 bench/bench_fastpath.py --bundle $W/triton.nojit --sources $MAP --kernels 6 --cold-budget-s 40 \
         --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
+      # kernel[grid] through the C bound grid: eager == CUDA-graph replay, byte for byte
+      python3 tests/gpu/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -12 || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
