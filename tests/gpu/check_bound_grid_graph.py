@@ -36,8 +36,9 @@ def main() -> int:
     smap = load_source_map(args.sources) if args.sources else None
     bundle = Bundle.open(args.bundle)
     kids = [k for k in bundle.kernel_ids() if bundle.index.kernels[k].runtime == "triton"][: args.kernels]
-    inst = install(args.bundle, mode="strict", resolver=lambda k: resolve_kernel(k, smap),
-                   allow_mismatch=frozenset({"vllm"}), kernels=set(kids))
+    resolver = (lambda k: resolve_kernel(k, smap)) if smap else None  # no map: the installed vLLM's modules
+    inst = install(args.bundle, mode="strict", resolver=resolver, allow_mismatch=frozenset({"vllm"}),
+                   kernels=set(kids))
     failures, checked, wrote = [], 0, 0
     for kid in kids:
         server = inst.triton[kid]
