@@ -204,3 +204,45 @@ def test_a_kernel_not_served_by_the_runner_keeps_tritons_lambda():
     assert type(fn) is base
     restore_getitem(fn)  # restoring twice is harmless
     assert type(fn) is base
+
+
+def test_the_bound_grid_holds_no_references_after_a_call(recorder):
+    """A hit, a miss and a Triton-lambda fallback, 200 times each: no reference to the kernel, the grid, the
+    arguments or the variant is left behind (the C callable's own references go with it)."""
+    import gc
+    import sys
+
+    from triton_test_kernels import every_kind
+
+    base = dict(p=tensor(torch.float32, True), p_noalign=tensor(torch.float32, False), q=tensor(torch.bfloat16, False),
+                n=16, n_dns=1, n_noalign=32, n64=1, scale=1.0, flag=True, x=2.5, maybe_ptr=None, BLOCK=64)
+    key = theirs(every_kind, base, {})
+    variant = variant_for(key)
+    fast, run, taken = _runner_for(every_kind, {key: variant})
+    ctypes.c_int.in_dll(recorder, "nparams").value = len(variant.launch.args) + 2
+    for t in fast.tables.values():
+        fast_module().set_function(t, 0, 0, 1)
+    import nojit.loader.torch_cuda as tc
+
+    saved = tc.current_device, tc.current_stream
+    tc.current_device, tc.current_stream = (lambda: 0), (lambda d: 77)
+    grid = tuple([3, 2, 1])  # not a code constant shared with other tests
+    watched = [every_kind, grid, variant, base["p"], base["q"]]
+    every_kind.run = run
+    assert serve_getitem(every_kind)
+    try:
+        for kw in (base, {**base, "n": 17}, {**base, "warmup": True}):
+            for _ in range(5):  # warm caches (option tables, interned names)
+                _outcome(lambda: every_kind[grid](**kw))
+            taken.clear()
+            gc.collect()
+            before = [sys.getrefcount(o) for o in watched]
+            for _ in range(200):
+                _outcome(lambda: every_kind[grid](**kw))
+            taken.clear()
+            gc.collect()
+            assert [sys.getrefcount(o) for o in watched] == before, sorted(kw)
+    finally:
+        restore_getitem(every_kind)
+        del every_kind.run
+        tc.current_device, tc.current_stream = saved
