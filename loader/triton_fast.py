@@ -12,6 +12,11 @@ say no, never wrong.
 arguments to the kernel's parameters, picks the table of the launch options, computes the grid,
 reads torch's device and stream and launches, with no Python frame. Calls it hands back (warmup,
 options not seen yet, odd grids, misses) take a generated Python `run` and the server's own.
+
+`kernel[grid]` of a prepared kernel is bound in C too (`serve_getitem`): the JITFunction's class is
+swapped for a subclass whose `__getitem__` returns a C callable bound to (runner, grid), so a call
+skips Triton's `lambda *args, **kwargs: self.run(grid=grid, warmup=False, *args, **kwargs)` and its
+re-packing of keywords; what the runner does not take goes where it went through that lambda.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ the C launcher on torch's current stream. Triton's driver object is never touche
 first use builds a C module with gcc).
 
 The hot path is kept short on purpose: one generated binder call, two dict lookups, one
-generated packer, one C call.
+generated packer, one C call. With the fast path, a prepared kernel's `run` is one C callable and its
+`kernel[grid]` a C callable bound to that grid (triton_fast.serve_getitem; uninstall restores the class).
 """
 
 from __future__ import annotations
