@@ -7,7 +7,13 @@ and stream accessors are stand-in builtins (`int`, `abs`), and the kernel is the
 `every_kind` (13 parameters: tensors, ints, floats, bool, None, constexprs) plus a 4-parameter
 kernel shaped like vLLM's small helpers. Per call shape (positional, keywords, defaults, launch
 options, a grid callable), host us per `kernel[grid](...)` (best batch: the box is shared):
-  c-run     the C runner (`fn.run`, csrc/nojit_fast.c new_runner): nojit's path today;
+  site      `fn[grid](a, b, name=value, ...)` from a call site with literal keywords (bench_fastpath.call_site),
+            as vLLM's call sites are: the bound grid without the benchmark's own dict unpacking;
+  bound     `fn[grid](*pos, **kw)`, __getitem__ included, on a served kernel: the C bound grid
+            (csrc/nojit_fast.c bind_grid), no Triton lambda: nojit's path;
+  lambda    `fn[grid](...)`, __getitem__ included, through Triton's own lambda into the C runner: the path
+            before the bound grid;
+  c-run     the C runner (`fn.run`, csrc/nojit_fast.c new_runner) through Triton's lambda, made once;
   py-run    the generated Python run in front of the same C launch (the path before the runner);
   launch    the C launch alone with the arguments bound already (m.launch(table, bound, grid, ...));
   no-op     `fn.run` a Python lambda that does nothing: Triton's own lambda and the keyword passing alone;
@@ -92,6 +98,8 @@ def main() -> int:
     from test_triton_key_parity import tensor
     from triton_test_kernels import every_kind
 
+    from bench_fastpath import call_site  # after the tests' imports: it puts tests/gpu first on sys.path
+
     tc.current_device, tc.current_stream = int, abs  # builtins standing in for torch's raw accessors
     m = triton_fast.fast_module()
     tmp = tempfile.mkdtemp(prefix="nojit-cpu-dispatch-")
@@ -114,7 +122,8 @@ def main() -> int:
     ]
     print(f"== CPU dispatch: host us per kernel[grid](...) call (no-op driver; python {sys.version.split()[0]}, "
           f"torch {torch.__version__}, triton {triton.__version__})")
-    print(f"{'call':40s} {'c-run':>7s} {'py-run':>7s} {'launch':>7s} {'no-op':>7s} {'floor':>7s}")
+    print(f"{'call':40s} {'site':>7s} {'bound':>7s} {'lambda':>7s} {'c-run':>7s} {'py-run':>7s} {'launch':>7s} {'no-op':>7s} "
+          f"{'floor':>7s}")
     for name, fn, pos, kw, options, grid in cases:
         sig_kwargs = dict(zip([p.name for p in fn.params], pos)) | kw
         for p in fn.params:  # the key is the call's, defaults included
@@ -126,6 +135,15 @@ def main() -> int:
         launcher = fn[grid]
         assert launcher(*pos, **kw, **options) is variant, name
         c_us = per_call_us(lambda: launcher(*pos, **kw, **options), args.calls)
+        lambda_us = per_call_us(lambda: fn[grid](*pos, **kw, **options), args.calls)
+        assert triton_fast.serve_getitem(fn), name
+        assert fn[grid](*pos, **kw, **options) is variant, name
+        assert type(fn[grid]).__name__ == "builtin_function_or_method", name
+        bound_us = per_call_us(lambda: fn[grid](*pos, **kw, **options), args.calls)
+        site = call_site(fn, grid, {**kw, **options}, pos)
+        assert site() is variant, name
+        site_us = per_call_us(site, args.calls)
+        triton_fast.restore_getitem(fn)
         fn.run = fast.general
         assert launcher(*pos, **kw, **options) is variant, name
         py_us = per_call_us(lambda: launcher(*pos, **kw, **options), args.calls)
@@ -137,7 +155,8 @@ def main() -> int:
         fn.run = lambda *a, **k: variant
         none_us = per_call_us(lambda: launcher(*pos, **kw, **options), args.calls)
         del fn.run
-        print(f"{name:40s} {c_us:7.3f} {py_us:7.3f} {launch_us:7.3f} {none_us:7.3f} {floor_us:7.3f}")
+        print(f"{name:40s} {site_us:7.3f} {bound_us:7.3f} {lambda_us:7.3f} {c_us:7.3f} {py_us:7.3f} {launch_us:7.3f} "
+              f"{none_us:7.3f} {floor_us:7.3f}")
     return 0
 
 

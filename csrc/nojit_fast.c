@@ -868,37 +868,42 @@ fail:
 }
 
 /* Bind a call as Triton passes it; 0: bound, with a table; 1: hand it to the general path. */
-static int bind_call(Runner *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, Call *c) {
+/* bgrid: the grid of kernel[grid] (bound-grid calls, which pass neither grid nor warmup), else NULL.
+ * 2: a bound-grid call that names grid or warmup itself (Triton's lambda raises the TypeError). */
+static int bind_call(Runner *r, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, Call *c,
+                     PyObject *bgrid) {
   int n = r->nparams;
   if (nargs > n)
     return 1;
   for (int i = 0; i < n; i++)
     c->bound[i] = i < nargs ? args[i] : NULL;
-  c->grid = NULL;
+  c->grid = bgrid;
   c->noptions = 0;
-  PyObject *warmup = NULL;
+  PyObject *warmup = bgrid ? Py_False : NULL;
   Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
   for (Py_ssize_t k = 0; k < nkw; k++) {
     PyObject *name = PyTuple_GetItem(kwnames, k);
     PyObject *v = args[nargs + k];
-    if (name == g_s_grid) {
-      c->grid = v;
-      continue;
-    }
-    if (name == g_s_warmup) {
-      warmup = v;
+    if (name == g_s_grid || name == g_s_warmup) {
+      if (bgrid)
+        return 2;
+      if (name == g_s_grid)
+        c->grid = v;
+      else
+        warmup = v;
       continue;
     }
     int j = 0;
     while (j < n && r->names[j] != name)
       j++;
     if (j == n) { /* not interned alike: compare the text */
-      if (same_name(name, g_s_grid)) {
-        c->grid = v;
-        continue;
-      }
-      if (same_name(name, g_s_warmup)) {
-        warmup = v;
+      if (same_name(name, g_s_grid) || same_name(name, g_s_warmup)) {
+        if (bgrid)
+          return 2;
+        if (same_name(name, g_s_grid))
+          c->grid = v;
+        else
+          warmup = v;
         continue;
       }
       j = 0;
@@ -929,8 +934,10 @@ static int bind_call(Runner *r, PyObject *const *args, Py_ssize_t nargs, PyObjec
   return c->table == NULL;
 }
 
-/* The call exactly as it came, handed to a Python callable. */
-static PyObject *forward(PyObject *target, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+/* The call exactly as it came, handed to a Python callable (bgrid: with grid=bgrid, warmup=False added, as
+ * Triton's lambda adds them). */
+static PyObject *forward(PyObject *target, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                         PyObject *bgrid) {
   PyObject *pos = PyTuple_New(nargs);
   if (!pos)
     return NULL;
@@ -940,8 +947,10 @@ static PyObject *forward(PyObject *target, PyObject *const *args, Py_ssize_t nar
   }
   PyObject *kw = NULL;
   Py_ssize_t nkw = kwnames ? PyTuple_Size(kwnames) : 0;
-  if (nkw) {
+  if (nkw || bgrid) {
     kw = PyDict_New();
+    if (kw && bgrid && (PyDict_SetItem(kw, g_s_grid, bgrid) < 0 || PyDict_SetItem(kw, g_s_warmup, Py_False) < 0))
+      Py_CLEAR(kw);
     for (Py_ssize_t k = 0; kw && k < nkw; k++) {
       if (PyDict_SetItem(kw, PyTuple_GetItem(kwnames, k), args[nargs + k]) < 0)
         Py_CLEAR(kw);
@@ -988,24 +997,33 @@ static PyObject *call_grid(Runner *r, Call *c) {
   return g;
 }
 
+static PyObject *runner_launch(Runner *r, Call *cp, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                               PyObject *bgrid);
+
 static PyObject *runner_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
   Runner *r = (Runner *)PyCapsule_GetPointer(self, "nojit.fast.runner");
   if (!r)
     return NULL;
   Call c;
-  if (bind_call(r, args, nargs, kwnames, &c))
-    return forward(r->general, args, nargs, kwnames);
-  PyObject *grid = call_grid(r, &c);
+  if (bind_call(r, args, nargs, kwnames, &c, NULL))
+    return forward(r->general, args, nargs, kwnames, NULL);
+  return runner_launch(r, &c, args, nargs, kwnames, NULL);
+}
+
+/* A bound call, launched (or handed to Python: bgrid as in forward). */
+static PyObject *runner_launch(Runner *r, Call *cp, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                               PyObject *bgrid) {
+  PyObject *grid = call_grid(r, cp);
   if (!grid) {
     if (PyErr_Occurred())
       return NULL; /* the grid callable raised: as it would on the Python path */
-    return forward(r->general, args, nargs, kwnames);
+    return forward(r->general, args, nargs, kwnames, bgrid);
   }
   uint32_t g[3];
   if (parse_grid(grid, g)) {
     PyErr_Clear();
     Py_DECREF(grid);
-    return forward(r->general, args, nargs, kwnames);
+    return forward(r->general, args, nargs, kwnames, bgrid);
   }
   PyObject *devobj = PyObject_CallNoArgs(r->get_device);
   long device = devobj ? PyLong_AsLong(devobj) : -1;
@@ -1024,17 +1042,17 @@ static PyObject *runner_call(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_RuntimeError))
       return NULL;
     PyErr_Clear(); /* no driver / no GPU: the general path raises nojit's LaunchError */
-    return forward(r->general, args, nargs, kwnames);
+    return forward(r->general, args, nargs, kwnames, bgrid);
   }
-  Table *t = get_table(c.table);
+  Table *t = get_table(cp->table);
   uint32_t codes[NJ_MAX_PARAMS];
   Value values[NJ_MAX_PARAMS];
   int idx = -1;
-  if (classify_array(t, c.bound, codes, values) == 0)
+  if (classify_array(t, cp->bound, codes, values) == 0)
     idx = find_entry(t, codes);
   if (idx < 0) {
     Py_DECREF(grid);
-    return forward(r->slow, args, nargs, kwnames);
+    return forward(r->slow, args, nargs, kwnames, bgrid);
   }
   Entry *e = &t->entries[idx];
   uint64_t function = e->function[device];
@@ -1047,7 +1065,7 @@ static PyObject *runner_call(PyObject *self, PyObject *const *args, Py_ssize_t n
       NjLaunchConfig cfg;
       if (prepare(e, values, g, stream, slots, params, attrs, &cfg)) {
         Py_DECREF(grid);
-        return forward(r->slow, args, nargs, kwnames);
+        return forward(r->slow, args, nargs, kwnames, bgrid);
       }
       NjResult rc = g_launch(&cfg, (NjFunction)(uintptr_t)function, params, NULL);
       if (rc)
@@ -1063,14 +1081,14 @@ static PyObject *runner_call(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_INCREF(e->variant);
     return e->variant;
   }
-  PyObject *bound = bound_tuple(r->nparams, c.bound);
+  PyObject *bound = bound_tuple(r->nparams, cp->bound);
   PyObject *options = PyDict_New();
-  for (int k = 0; options && k < c.noptions; k++)
-    if (PyDict_SetItem(options, c.option_names[k], c.option_values[k]) < 0)
+  for (int k = 0; options && k < cp->noptions; k++)
+    if (PyDict_SetItem(options, cp->option_names[k], cp->option_values[k]) < 0)
       Py_CLEAR(options);
   PyObject *res = NULL;
   if (bound && options)
-    res = PyObject_CallFunction(r->after, "lOOOlO", status, c.table, bound, grid, device, options);
+    res = PyObject_CallFunction(r->after, "lOOOlO", status, cp->table, bound, grid, device, options);
   Py_XDECREF(bound);
   Py_XDECREF(options);
   Py_DECREF(grid);
@@ -1143,6 +1161,80 @@ static PyObject *fast_new_runner(PyObject *self, PyObject *args) {
   return Py_BuildValue("(NN)", capsule, run);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * kernel[grid] bound in C (loader/triton_fast.py serve_getitem). bind_grid(fn, grid, fallback) is
+ * what a served JITFunction's __getitem__ returns: where fn's instance `run` is a C runner, a C callable
+ * holding (run, fn.__dict__, grid, fn, fallback) whose call binds the call's arguments straight into
+ * the runner, as run(*args, grid=grid, warmup=False, **kwargs) would be bound, without Triton's lambda
+ * and its re-packing of keywords; else fallback(fn, grid), Triton's own __getitem__. A call the runner
+ * does not take goes where it goes today: to the generated Python run or the server's run with grid and
+ * warmup=False added; and where fn's `run` is no longer that runner (uninstalled, replaced) or the call
+ * names grid or warmup itself, through Triton's own fallback(fn, grid)(*args, **kwargs).
+ */
+enum { BG_RUN, BG_DICT, BG_GRID, BG_FN, BG_FALLBACK, BG_N };
+static PyObject *g_s_run;
+
+static PyObject *bound_grid_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+  PyObject *run = PyTuple_GetItem(self, BG_RUN); /* borrowed, all of them */
+  PyObject *grid = PyTuple_GetItem(self, BG_GRID);
+  PyObject *now = PyDict_GetItemWithError(PyTuple_GetItem(self, BG_DICT), g_s_run);
+  if (now == run) {
+    Runner *r = (Runner *)PyCapsule_GetPointer(PyCFunction_GetSelf(run), "nojit.fast.runner");
+    if (!r)
+      return NULL;
+    Call c;
+    int how = bind_call(r, args, nargs, kwnames, &c, grid);
+    if (how == 0)
+      return runner_launch(r, &c, args, nargs, kwnames, grid);
+    if (how == 1)
+      return forward(r->general, args, nargs, kwnames, grid);
+  } else if (PyErr_Occurred()) {
+    return NULL;
+  }
+  PyObject *triton_call = PyObject_CallFunctionObjArgs(PyTuple_GetItem(self, BG_FALLBACK),
+                                                       PyTuple_GetItem(self, BG_FN), grid, NULL);
+  if (!triton_call)
+    return NULL;
+  PyObject *res = forward(triton_call, args, nargs, kwnames, NULL);
+  Py_DECREF(triton_call);
+  return res;
+}
+
+static PyMethodDef bound_grid_def = {"kernel_grid", (PyCFunction)(void (*)(void))bound_grid_call,
+                                     METH_FASTCALL | METH_KEYWORDS,
+                                     "kernel[grid](*args, **kwargs): nojit's one-call launch with this grid"};
+
+static int is_runner(PyObject *run) {
+  return run && PyCFunction_Check(run) &&
+         PyCFunction_GetFunction(run) == (PyCFunction)(void (*)(void))runner_call;
+}
+
+static PyObject *fast_bind_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "bind_grid(fn, grid, fallback)");
+    return NULL;
+  }
+  PyObject *fn = args[0], *grid = args[1], *fallback = args[2];
+  PyObject *dict = PyObject_GenericGetDict(fn, NULL);
+  if (!dict)
+    return NULL;
+  PyObject *run = PyDict_GetItemWithError(dict, g_s_run);
+  if (!is_runner(run)) {
+    Py_DECREF(dict);
+    if (PyErr_Occurred())
+      return NULL;
+    return PyObject_CallFunctionObjArgs(fallback, fn, grid, NULL);
+  }
+  PyObject *state = PyTuple_Pack(BG_N, run, dict, grid, fn, fallback);
+  Py_DECREF(dict);
+  if (!state)
+    return NULL;
+  PyObject *out = PyCFunction_NewEx(&bound_grid_def, state, NULL);
+  Py_DECREF(state);
+  return out;
+}
+/* ---- end of kernel[grid] bound in C ---------------------------------------------------------- */
+
 /* probe(runner, *args, grid=..., warmup=..., **kwargs) -> ("general", None, -1, None) or
  * ("table", codes, entry index or -1, packed bytes or None): what run would do with this call,
  * without launching (tests: the C binding against the Python binder and key). */
@@ -1155,7 +1247,7 @@ static PyObject *fast_probe(PyObject *self, PyObject *const *args, Py_ssize_t na
   if (!r)
     return NULL;
   Call c;
-  if (bind_call(r, args + 1, nargs - 1, kwnames, &c))
+  if (bind_call(r, args + 1, nargs - 1, kwnames, &c, NULL))
     return Py_BuildValue("(sOiO)", "general", Py_None, -1, Py_None);
   Table *t = get_table(c.table);
   uint32_t codes[NJ_MAX_PARAMS];
@@ -1199,6 +1291,8 @@ static PyMethodDef methods[] = {
     {"new_runner", fast_new_runner, METH_VARARGS, "new_runner(table0, names, defaults, missing, ...) -> (runner, run)"},
     {"probe", (PyCFunction)(void (*)(void))fast_probe, METH_FASTCALL | METH_KEYWORDS,
      "probe(runner, *args, **kwargs) -> (how, codes, entry, packed bytes)"},
+    {"bind_grid", (PyCFunction)(void (*)(void))fast_bind_grid, METH_FASTCALL,
+     "bind_grid(fn, grid, fallback) -> kernel[grid] bound in C (or fallback(fn, grid))"},
     {"floor", fast_floor, METH_VARARGS, "floor(table, bound, grid, device, stream, iterations) -> ns per launch"},
     NJ_TILELANG_METHODS
     {NULL, NULL, 0, NULL},
@@ -1213,5 +1307,6 @@ PyMODINIT_FUNC PyInit__fastlaunch(void) {
   g_s_grid = PyUnicode_InternFromString("grid");
   g_s_warmup = PyUnicode_InternFromString("warmup");
   NJ_TILELANG_INIT();
+  g_s_run = PyUnicode_InternFromString("run");
   return PyModule_Create(&module);
 }

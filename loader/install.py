@@ -181,8 +181,11 @@ class Installation:
     def uninstall(self) -> None:
         """Give the kernels back their own JIT paths and lift the strict guards (tests and tools)."""
         global _current
+        from nojit.loader.triton_fast import restore_getitem
+
         for server in self.triton.values():
             server.fn.__dict__.pop("run", None)
+            restore_getitem(server.fn)  # its own class back (kernel[grid] bound in C)
         if self.tilelang:
             from nojit.loader import tilelang_serving
 

@@ -12,6 +12,11 @@ say no, never wrong.
 arguments to the kernel's parameters, picks the table of the launch options, computes the grid,
 reads torch's device and stream and launches, with no Python frame. Calls it hands back (warmup,
 options not seen yet, odd grids, misses) take a generated Python `run` and the server's own.
+
+`kernel[grid]` of a prepared kernel is bound in C too (`serve_getitem`): the JITFunction's class is
+swapped for a subclass whose `__getitem__` returns a C callable bound to (runner, grid), so a call
+skips Triton's `lambda *args, **kwargs: self.run(grid=grid, warmup=False, *args, **kwargs)` and its
+re-packing of keywords; what the runner does not take goes where it went through that lambda.
 """
 
 from __future__ import annotations
@@ -323,3 +328,51 @@ class _Unseen:
 
 
 _UNSEEN = _Unseen()
+
+
+# --- kernel[grid] bound in C (csrc/nojit_fast.c bind_grid) -------------------------------------------------
+_SERVED_CLASSES: dict[type, type] = {}
+
+
+def _served_class(base: type) -> type:
+    """The subclass of a JITFunction class whose `kernel[grid]` is bound in C (one per class, per process).
+
+    Triton's `__getitem__` returns `lambda *args, **kwargs: self.run(grid=grid, warmup=False, *args,
+    **kwargs)`: a Python frame and a re-packing of every keyword per launch. This one returns a C callable
+    that binds the call straight into the kernel's C runner; where `run` is not a C runner (not prepared
+    yet, fast path off, recording) it returns Triton's own lambda. Nothing else differs: isinstance, every
+    attribute, `run`, `warmup` and the wrappers that call `fn.run` are the base class's.
+    """
+    cls = _SERVED_CLASSES.get(base)
+    if cls is None:
+        bind_grid = fast_module().bind_grid
+        triton_getitem = base.__getitem__
+
+        def __getitem__(self: Any, grid: Any) -> Any:
+            return bind_grid(self, grid, triton_getitem)
+
+        cls = type(base.__name__, (base,), {"__getitem__": __getitem__, "__module__": base.__module__,
+                                            "__qualname__": base.__qualname__, "_nj_served_base": base})
+        _SERVED_CLASSES[base] = cls
+    return cls
+
+
+def serve_getitem(fn: Any) -> bool:
+    """Make `fn[grid]` the C bound-grid callable (swaps fn's class to a subclass). False: left as is."""
+    if fast_module() is None or not hasattr(fast_module(), "bind_grid"):
+        return False
+    base = type(fn)
+    if "_nj_served_base" in base.__dict__:
+        return True
+    try:
+        fn.__class__ = _served_class(base)
+    except TypeError:  # a class whose layout forbids it (slots): Triton's lambda stays
+        return False
+    return True
+
+
+def restore_getitem(fn: Any) -> None:
+    """Give `fn` its own class back (uninstall)."""
+    base = type(fn).__dict__.get("_nj_served_base")
+    if base is not None:
+        fn.__class__ = base

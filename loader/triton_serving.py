@@ -8,7 +8,8 @@ the C launcher on torch's current stream. Triton's driver object is never touche
 first use builds a C module with gcc).
 
 The hot path is kept short on purpose: one generated binder call, two dict lookups, one
-generated packer, one C call.
+generated packer, one C call. With the fast path, a prepared kernel's `run` is one C callable and its
+`kernel[grid]` a C callable bound to that grid (triton_fast.serve_getitem; uninstall restores the class).
 """
 
 from __future__ import annotations
@@ -210,6 +211,10 @@ class TritonKernelServer:
                                           fix="rebuild the bundle with `nojit build`") from None
             if self.fn.__dict__.get("run") == self._first_call:  # still installed: point it at the real path
                 self.fn.run = self.entry_point
+                if self._fast is not None:  # kernel[grid] bound in C, without Triton's lambda
+                    from nojit.loader.triton_fast import serve_getitem
+
+                    serve_getitem(self.fn)
             self._ready = True
 
     def _build(self, entries: tuple[Entry, ...]) -> None:

@@ -196,8 +196,9 @@ def fake_driver(tmp_path_factory):
 
 
 def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(small_build, fake_driver, tmp_path):
-    """A real bundle's exact keys, called through kernel[grid] in one process: each call once through the C path
-    (a C table hit) and once through the Python path; the stand-in driver sees the same launch byte for byte."""
+    """A real bundle's exact keys, called through kernel[grid] in one process: each call once through the C bound
+    grid, once through Triton's own lambda into the C runner and once through the Python path; the stand-in driver
+    sees the same launch byte for byte; uninstall gives every kernel its own class back."""
     script = textwrap.dedent("""
         import os, sys
         sys.path.insert(0, "tests/gpu")
@@ -224,11 +225,22 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
                 os.environ["FAKE_CUDA_PARAM_SIZES"] = ",".join(map(str, sizes))
                 bound = server._binder(**kwargs)[0]
                 assert tf.fast_module().lookup(server.fast.tables[key[1]], bound)[0] >= 0, (kid, key)
+                served = type(fn)
+                assert "_nj_served_base" in served.__dict__ and isinstance(fn, served.__mro__[1]), kid
+                assert type(fn[(3, 2, 1)]).__name__ == "builtin_function_or_method", kid  # kernel[grid] bound in C
                 assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the C path
+                tf.restore_getitem(fn)
+                assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the C runner behind Triton's lambda
+                tf.serve_getitem(fn)
+                assert type(fn) is served
                 fn.run = server.run
                 assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the Python path
                 fn.run = server.entry_point
                 n += 1
+        fns = [s.fn for s in inst.triton.values()]
+        inst.uninstall()
+        from triton.runtime.jit import JITFunction
+        assert all(type(f) is JITFunction and "run" not in f.__dict__ for f in fns)  # their own class back
         print("launched", n)
     """)
     log = tmp_path / "log"
@@ -238,9 +250,9 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [x for x in log.read_text().splitlines() if x.startswith("grid=")]
     n = int(p.stdout.split("launched")[1])
-    assert n >= 10 and len(lines) == 2 * n
-    for fast, python in zip(lines[::2], lines[1::2]):
-        assert fast == python
+    assert n >= 10 and len(lines) == 3 * n
+    for fast, runner, python in zip(lines[::3], lines[1::3], lines[2::3]):
+        assert fast == runner == python
 
 
 # ------------------------------------------------------------------------------ the C runner's binding
