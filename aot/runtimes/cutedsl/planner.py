@@ -34,7 +34,6 @@ from nojit.loader.errors import BundleMismatchError, NoJitError
 from nojit.loader import cutedsl_key
 from nojit.loader.install import resolve_object
 from nojit.loader.manifest import CuteLaunch
-from nojit.loader.versions import installed_version
 
 NAME = "cutedsl"
 
@@ -175,8 +174,8 @@ def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
         "source_hash": kernel.source_hash,
         "info": {k: kernel.info.get(k) for k in ("owner_class", "sources", "file")},
         "tools": tool_versions(),
-        "vllm": installed_version("vllm"),
-        "torch": installed_version("torch"),
+        "vllm": package_version("vllm"),
+        "torch": package_version("torch"),
         "python": platform.python_version(),
         "target": TARGET.to_json(),
         "compiler": _compiler_code(),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from nojit.aot.runtimes.flashinfer.specs import cuda_architecture, flashinfer_ta
 from nojit.aot.target import TARGET
 from nojit.loader.flashinfer_serving import FlashInferLaunch
 from nojit.loader.toolchain import find_tool
-from nojit.loader.versions import installed_version
 
 NAME = "flashinfer"
 
@@ -130,19 +128,8 @@ def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any] | N
     }
 
 
-@functools.cache
 def _toolchain() -> dict[str, Any] | None:
-    nvcc = find_tool("nvcc")
-    if nvcc is None:
-        return None
-    cxx = os.environ.get("CXX", "c++")  # FlashInfer's host compiler (jit/cpp_ext.py)
-    try:
-        cxx_version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        cxx_version = None
-    return {"nvcc": compiler.nvcc_release(nvcc), "cxx": (cxx_version or "").strip().splitlines()[:1],
-            "apache-tvm-ffi": installed_version("apache-tvm-ffi"), "torch": installed_version("torch"),
-            "pip_cuda": os.path.basename(compiler.pip_cuda_dir() or "")}
+    return compiler.toolchain()
 
 
 @functools.cache
