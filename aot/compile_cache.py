@@ -14,8 +14,8 @@ An entry that does not parse, whose payload fails its sha256, or whose recorded 
 the request's is a miss (and is replaced by the next store), never an error.
 
 The interface is runtime-neutral (`ArtifactCache`: inputs -> (meta, payload)); `CompileResultCodec`
-maps it to the build's CompileResult with a runtime's launch type, and other runtimes (DeepGEMM,
-FlashInfer, CuTeDSL) can store their own artifacts the same way.
+maps it to the build's CompileResult with a runtime's launch type. Every runtime's planner declares
+its inputs and launch type (Triton, TileLang, DeepGEMM, CuTeDSL, FlashInfer, Humming).
 """
 
 from __future__ import annotations

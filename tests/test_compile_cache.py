@@ -144,3 +144,11 @@ def test_a_rebuild_from_the_cache_compiles_nothing_and_writes_the_same_bytes(sma
     build(BuildOptions(output=out, plan_in=small_build["plan"], cache_dir=str(small_build["dir"] / "cache"),
                        executor=_NoCompiles(), progress=False))
     assert open(out, "rb").read() == open(small_build["bundle"], "rb").read()
+
+
+def test_every_runtime_declares_its_cache_inputs_and_launch_type():
+    """A runtime without them would compile every request on every build (aot/compile_cache.py)."""
+    from nojit.aot.runtimes import RUNTIMES
+
+    missing = [name for name, rt in RUNTIMES.items() if rt.cache_inputs is None or rt.launch_from_json is None]
+    assert missing == []

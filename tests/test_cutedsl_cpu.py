@@ -187,3 +187,30 @@ def test_record_then_add_keys_serves_the_miss(cute_build, tmp_path):
             "-o", bundle, "--cache-dir", str(tmp_path / "cache"), "-j", "2", "--quiet")
     out = _probe(bundle, str(tmp_path / "marker"), None)
     assert out["entries"] == 2 and out["compile_attempts"] == [] and out["processes"] == []
+
+
+def test_a_rebuild_from_the_cache_compiles_nothing_and_writes_the_same_bytes(cute_build, tmp_path):
+    """The compile cache (aot/compile_cache.py): the same plan again with the first build's cache starts no
+    compile and writes the same bytes; another CuTeDSL version is a miss for every key."""
+    from test_compile_cache import _NoCompiles
+
+    from nojit.aot.build import BuildOptions, build
+    from nojit.aot.compile_cache import CompileCache
+    from nojit.aot.plan import Plan
+    from nojit.aot.runtimes.cutedsl import planner
+
+    cache_dir = str(cute_build["dir"] / "cache")
+    out = str(tmp_path / "again.nojit")
+    build(BuildOptions(output=out, plan_in=cute_build["plan"], cache_dir=cache_dir, executor=_NoCompiles(),
+                       progress=False))
+    assert open(out, "rb").read() == open(cute_build["bundle"], "rb").read()
+    plan = Plan.read(cute_build["plan"])
+    cache = CompileCache(os.path.join(cache_dir, "compiled"))
+    requests = [(r, plan.kernels[r.kernel]) for r in plan.requests]
+    assert len(requests) == 2 and all(not isinstance(cache.lookup(planner.RUNTIME, r, k), dict) for r, k in requests)
+    real = planner.tool_versions
+    try:
+        planner.tool_versions = lambda: dict(real(), **{"nvidia-cutlass-dsl": "0.0.0"})
+        assert all(isinstance(cache.lookup(planner.RUNTIME, r, k), dict) for r, k in requests)
+    finally:
+        planner.tool_versions = real

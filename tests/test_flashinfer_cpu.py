@@ -5,7 +5,7 @@ compile entry point reached; a module the bundle lacks is refused (strict) or re
 
 The build compiles FlashInfer's `sampling` module, the smallest of the four (about 5.5 minutes on the 2-core
 build box, cold), and the six TensorRT-LLM DeepGEMM kernels of fp8_blockscale_gemm_90 (about 2 minutes).
-The work directory is nojit's default compile cache, so a rerun is a ninja no-op.
+The work directory and the compile cache are nojit's defaults, so a rerun compiles nothing (every entry a cache hit).
 NOJIT_FLASHINFER_TEST_BUNDLE names a bundle built before (`nojit build --runtime flashinfer`) to use instead.
 """
 
@@ -58,7 +58,7 @@ def fi_bundle(tmp_path_factory):
         pytest.skip("no nvcc: FlashInfer's builder needs the CUDA toolkit")
     out = str(tmp_path_factory.mktemp("fi") / "fi.nojit")
     run_cli("build", "--runtime", "flashinfer", "--kernels", "gen_sampling_module,gemm_base:fp8_blockscale", "-o", out,
-            "--quiet", "-j", "1")
+            "--emit-plan", out + ".plan.json", "--quiet", "-j", "1")
     return out
 
 
@@ -224,3 +224,42 @@ def test_trtllm_deepgemm_finds_the_seeded_cubins_without_nvcc(fi_bundle, tmp_pat
         assert f"gemm_swapAB_{n}_{k}_" in name
     assert not mark.exists(), mark.read_text()
     print(f"\nTensorRT-LLM DeepGEMM: {len(cubins)} kernels found in {root}/tensorrt_llm/cache, nvcc never ran")
+
+
+def test_a_rebuild_from_the_cache_runs_no_compile_and_writes_the_same_bytes(fi_bundle, monkeypatch):
+    """The compile cache (aot/compile_cache.py) for FlashInfer: the fixture's plan (the sampling module and six
+    TensorRT-LLM DeepGEMM cubins) again, from the default cache the fixture's build stored into: no compile
+    task (no ninja, no driver), the same bytes; another nvcc release or FlashInfer version is a miss."""
+    from test_compile_cache import _NoCompiles
+
+    from nojit.aot.build import BuildOptions, build
+    from nojit.aot.compile_cache import CompileCache
+    from nojit.aot.plan import Plan
+    from nojit.aot.runtimes.flashinfer import planner
+
+    plan_path = fi_bundle + ".plan.json"
+    if not os.path.exists(plan_path):
+        pytest.skip("NOJIT_FLASHINFER_TEST_BUNDLE was built elsewhere: no plan and cache of its build here")
+    again = fi_bundle + ".again.nojit"
+    cache_dir = BuildOptions(output=again).cache_dir  # the fixture's build used the default
+    build(BuildOptions(output=again, plan_in=plan_path, cache_dir=cache_dir, executor=_NoCompiles(), progress=False))
+    assert open(again, "rb").read() == open(fi_bundle, "rb").read()
+
+    plan = Plan.read(plan_path)
+    cache = CompileCache(os.path.join(cache_dir, "compiled"))
+    requests = [(r, plan.kernels[r.kernel]) for r in plan.requests]
+    assert len(requests) == 7 and {k.info.get("kind", "module") for _, k in requests} == {"module", "trtllm_deepgemm"}
+    inputs = [planner.cache_inputs(r, k) for r, k in requests]
+    assert len({json.dumps(i, sort_keys=True) for i in inputs}) == len(requests)
+
+    def misses() -> list[bool]:
+        return [isinstance(cache.lookup(planner.RUNTIME, r, k), dict) for r, k in requests]
+
+    assert misses() == [False] * 7
+    real_toolchain, real_version = planner._toolchain(), planner.package_version
+    monkeypatch.setattr(planner, "_toolchain", lambda: dict(real_toolchain, nvcc="Cuda compilation tools, release 13.1"))
+    assert misses() == [True] * 7
+    monkeypatch.setattr(planner, "_toolchain", lambda: real_toolchain)
+    monkeypatch.setattr(planner, "package_version", lambda name: "0.0.0" if name == "flashinfer-python" else
+                        real_version(name))
+    assert misses() == [True] * 7

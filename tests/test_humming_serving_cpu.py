@@ -33,7 +33,8 @@ def humming_bundle(tmp_path_factory):
     out = tmp_path_factory.mktemp("humming")
     path = str(out / "humming.nojit")
     p = subprocess.run([sys.executable, "-m", "nojit.aot.cli", "build", "--runtime", "humming", "--kernels",
-                        "ProcessInputKernel,ProcessMxfp4W4A8Kernel,RepackWeightKernel", "-j", "2", "-o", path, "--cache-dir", str(out / "cache"), "--quiet"],
+                        "ProcessInputKernel,ProcessMxfp4W4A8Kernel,RepackWeightKernel", "-j", "2", "-o", path, "--cache-dir", str(out / "cache"), "--quiet",
+                        "--emit-plan", path + ".plan.json"],
                        capture_output=True, text=True, timeout=1200, cwd=ROOT)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     return path
@@ -151,3 +152,36 @@ def test_vllm_weight_transform_finds_its_kernels_directly_constructed(tmp_path, 
         assert len(misses) == 1 and misses[0]["key"]["class"] == out["miss_kernel"], misses
         assert misses[0]["key"]["args"]["use_fused_e8m0_scale"] is False and misses[0]["source_hash"]
         assert out["compiles_after_miss"] == ["NVRTCCompiler"]  # then Humming went on to compile it (the JIT)
+
+
+def test_a_rebuild_from_the_cache_starts_no_worker_and_writes_the_same_bytes(humming_bundle, monkeypatch):
+    """The compile cache (aot/compile_cache.py) for Humming: the fixture's plan again with its cache starts no
+    compile task (no worker, no Humming) and writes the same bytes; another Humming version or NVRTC misses."""
+    from test_compile_cache import _NoCompiles
+
+    from nojit.aot.build import BuildOptions, build
+    from nojit.aot.compile_cache import CompileCache
+    from nojit.aot.plan import Plan
+    from nojit.aot.runtimes.humming import planner
+
+    plan_path = humming_bundle + ".plan.json"
+    if not os.path.exists(plan_path):
+        pytest.skip("NOJIT_TEST_HUMMING_BUNDLE was built elsewhere: no plan and cache of its build here")
+    cache_dir = os.path.join(os.path.dirname(humming_bundle), "cache")
+    again = humming_bundle + ".again.nojit"
+    build(BuildOptions(output=again, plan_in=plan_path, cache_dir=cache_dir, executor=_NoCompiles(), progress=False))
+    assert open(again, "rb").read() == open(humming_bundle, "rb").read()
+
+    plan = Plan.read(plan_path)
+    cache = CompileCache(os.path.join(cache_dir, "compiled"))
+    requests = [(r, plan.kernels[r.kernel]) for r in plan.requests]
+    assert len(requests) == 7  # 5 input kernels + the 2 weight-transform kernels
+
+    def misses() -> list[bool]:
+        return [isinstance(cache.lookup(planner.RUNTIME, r, k), dict) for r, k in requests]
+
+    assert misses() == [False] * len(requests)
+    real = planner._cache_tools("NVIDIA H200", 132)
+    for change in ({"humming_version": "0.0.0"}, {"nvrtc": "nvrtc+0.0"}, {"headers_digest": "0" * 64}):
+        monkeypatch.setattr(planner, "_cache_tools", lambda *_a, change=change: dict(real, **change))
+        assert misses() == [True] * len(requests), change

@@ -5,26 +5,33 @@ A model names vLLM's owner objects (`VllmCuTeDSLJitKernel` instances, e.g.
 passes to `register_warmup`; the keys are what the owner's own `get_warmup_keys` returns, exactly
 as `JitWarmupRegistry.warmup()` expands them in the serving process. The kernel id is the owner
 object's (it holds `_compiled_cache`), the source digest the sha256 of its module's text.
+Compiled keys go through the build's compile cache (cache_inputs), so a rebuild compiles only new keys.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
+import platform
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from importlib.metadata import version as package_version
 from typing import Any
 
+from nojit.aot.compile_cache import file_sha256, launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
+from nojit.aot.runtimes.cutedsl import compiler
 from nojit.aot.runtimes.cutedsl.compiler import compile_and_export, key_class, set_arch
+from nojit.aot.target import TARGET
 from nojit.aot.vllm_env import import_kernel_module
 from nojit.loader.cutedsl_key import key_to_json, source_hash
 from nojit.loader.errors import BundleMismatchError, NoJitError
+from nojit.loader import cutedsl_key
 from nojit.loader.install import resolve_object
 from nojit.loader.manifest import CuteLaunch
 
@@ -154,4 +161,31 @@ def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, se
                          kernel_info=tool_versions())
 
 
-RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request)
+def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
+    """What one key's object file and launch depend on (aot/compile_cache.py): the owner and its key (the
+    exported symbol is named after both), the digest of the vLLM modules its kernel body is built from and
+    the kernel record's facts (owner class, sources), vLLM itself (the helpers those modules import and the
+    compile options), the CuTeDSL, TVM-FFI, quack and torch that compile it, Python (CuTeDSL traces Python),
+    the target, and nojit's compile code (this planner, the compiler, the key codec)."""
+    return {
+        "runtime": NAME,
+        "kernel": request.kernel,
+        "key": request.key,
+        "source_hash": kernel.source_hash,
+        "info": {k: kernel.info.get(k) for k in ("owner_class", "sources", "file")},
+        "tools": tool_versions(),
+        "vllm": package_version("vllm"),
+        "torch": package_version("torch"),
+        "python": platform.python_version(),
+        "target": TARGET.to_json(),
+        "compiler": _compiler_code(),
+    }
+
+
+@functools.cache
+def _compiler_code() -> str:
+    return ",".join(file_sha256(m.__file__) for m in (compiler, cutedsl_key, sys.modules[__name__]))
+
+
+RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
+                  cache_inputs=cache_inputs, launch_from_json=launch_reader(CuteLaunch))

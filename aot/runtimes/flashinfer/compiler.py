@@ -6,9 +6,12 @@ build.ninja and runs ninja, which runs nvcc and c++) into a work directory that 
 JIT directory, then `copy_built_kernels` (aot.py:1215), which lays the result out as a jit-cache
 provider does: <name>/<name>.so. The .so is what the bundle stores.
 
-The work directory persists (NOJIT_FLASHINFER_BUILD_DIR, else <cache dir>/flashinfer/<version>-<arch>),
-so ninja rebuilds nothing that is up to date. ninja runs one job (MAX_JOBS, default 1 here): the build
-already runs one module per worker.
+The work directory persists (NOJIT_FLASHINFER_BUILD_DIR, else <cache dir>/flashinfer/<version>-<arch>-<toolchain>,
+the last a digest of nvcc's release and the host compiler: ninja sees changed sources and command lines, not a
+compiler replaced in place), so ninja rebuilds nothing that is up to date; one module's ninja runs under a file
+lock, so parallel builds sharing the folder never run ninja in one module's directory at once. ninja runs
+one job (MAX_JOBS, default 1 here): the build already runs one module per worker. The build's compile cache
+(planner.cache_inputs) finds a module built before without reaching this folder at all.
 
 A toolkit without curand.h (a pip-only CUDA) or without lib64/stubs/libcuda.so (no driver on a build box)
 gets what FlashInfer's own build needs through FlashInfer's own variables: FLASHINFER_EXTRA_CUDAFLAGS and
@@ -20,6 +23,10 @@ toolkit's stub does. What was added is recorded with the module.
 
 from __future__ import annotations
 
+import fcntl
+import functools
+import hashlib
+import json
 import os
 import pathlib
 import subprocess
@@ -34,8 +41,26 @@ from nojit.loader.toolchain import find_tool
 
 
 def build_root(cache_dir: str, arch: str) -> str:
+    digest = hashlib.sha256(json.dumps(toolchain(), sort_keys=True).encode()).hexdigest()[:12]
     return os.environ.get("NOJIT_FLASHINFER_BUILD_DIR") or os.path.join(
-        cache_dir, "flashinfer", f"{package_version('flashinfer-python')}-{arch}")
+        cache_dir, "flashinfer", f"{package_version('flashinfer-python')}-{arch}-{digest}")
+
+
+@functools.cache
+def toolchain() -> dict[str, Any] | None:
+    """What compiles a module besides its sources and flags: nvcc's release, the host compiler FlashInfer runs
+    ($CXX, else c++: jit/cpp_ext.py), the TVM-FFI headers, torch and the pip CUDA it pins. None without nvcc."""
+    nvcc = find_tool("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        cxx = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        cxx = ""
+    return {"nvcc": nvcc_release(nvcc), "cxx": cxx.strip().splitlines()[:1],
+            "apache-tvm-ffi": package_version("apache-tvm-ffi"), "torch": package_version("torch"),
+            "pip_cuda": os.path.basename(pip_cuda_dir() or "")}
 
 
 def pip_cuda_dir() -> str | None:
@@ -140,18 +165,20 @@ def compile_module(gen: str, name: str, capability: tuple[int, int], cache_dir: 
     with flashinfer_target(capability):
         spec = make_spec(gen, name)
         t0 = time.perf_counter()
-        try:
-            build_jit_specs([spec], verbose=False, skip_prebuilt=False)
-        except RuntimeError as exc:
-            raise BuildError(f"FlashInfer module {name} did not build: {str(exc)[-2000:]}",
-                             fix="see ninja's output; the toolchain must be a CUDA FlashInfer supports") from None
-        seconds = time.perf_counter() - t0
-        digest = spec_digest(spec, version)
-        with tempfile.TemporaryDirectory(prefix="nojit-flashinfer-") as out:
-            package = os.path.join(out, "aot")
-            copy_built_kernels([spec], pathlib.Path(package))
-            with open(os.path.join(package, name, f"{name}.so"), "rb") as f:
-                data = f.read()
+        with open(os.path.join(work, f".{name}.lock"), "w") as lock:  # one ninja per module directory at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                build_jit_specs([spec], verbose=False, skip_prebuilt=False)
+            except RuntimeError as exc:
+                raise BuildError(f"FlashInfer module {name} did not build: {str(exc)[-2000:]}",
+                                 fix="see ninja's output; the toolchain must be a CUDA FlashInfer supports") from None
+            seconds = time.perf_counter() - t0
+            digest = spec_digest(spec, version)
+            with tempfile.TemporaryDirectory(prefix="nojit-flashinfer-") as out:
+                package = os.path.join(out, "aot")
+                copy_built_kernels([spec], pathlib.Path(package))
+                with open(os.path.join(package, name, f"{name}.so"), "rb") as f:
+                    data = f.read()
     info = {
         "flashinfer_version": version, "module": name, "gen": gen, "cuda_arch": arch, "spec_sha256": digest,
         "nvcc": nvcc_release(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")),

@@ -3,23 +3,31 @@
 A FlashInfer module is one bundle entry: the kernel id is FlashInfer's gen function ("module:qualname"),
 the key the module's name (the file name FlashInfer's AOT lookup asks for), the blob the .so FlashInfer's
 builder made, and the source digest covers the module's sources and flags (specs.py).
+Both kinds of entry (modules and TensorRT-LLM DeepGEMM cubins) go through the build's compile cache
+(cache_inputs), so a rebuild runs neither ninja nor the TensorRT-LLM driver for an entry it built before.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
+from typing import Any
 
+from nojit.aot.compile_cache import file_sha256, launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
-from nojit.aot.runtimes.flashinfer import trtllm
+from nojit.aot.runtimes.flashinfer import compiler, specs, trtllm
 from nojit.aot.runtimes.flashinfer.compiler import build_root, compile_module, nvcc_release, pip_cuda_dir
 from nojit.aot.runtimes.flashinfer.modules import reached_modules
 from nojit.aot.runtimes.flashinfer.specs import cuda_architecture, flashinfer_target, make_spec, spec_digest
-from nojit.loader.toolchain import find_tool
+from nojit.aot.target import TARGET
 from nojit.loader.flashinfer_serving import FlashInferLaunch
+from nojit.loader.toolchain import find_tool
 
 NAME = "flashinfer"
 
@@ -95,4 +103,39 @@ def _compile_trtllm(request: PlanRequest, kernel: PlanKernel, settings: WorkerSe
                                       "nvcc": nvcc_release(nvcc) if nvcc else None})
 
 
-RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request)
+def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any] | None:
+    """What one entry depends on (aot/compile_cache.py): the kernel and its key (the module or the (N, K)), the
+    source digest (a module's sources and flags with FlashInfer's version, specs.py; or the TensorRT-LLM
+    DeepGEMM headers and nojit's driver, trtllm.py), the kernel record's facts (capability, SM count: the tile
+    config the heuristic picks), the toolchain (nvcc's release, the host compiler, the TVM-FFI headers, torch
+    and the pip CUDA it pins, the FLASHINFER_* / TRTLLM_DG_* / CXX settings), the target, and nojit's
+    compile code. None (not cached) where the parent finds no nvcc: the compile fails then anyway."""
+    toolchain = _toolchain()
+    if toolchain is None:
+        return None
+    return {
+        "runtime": NAME,
+        "kernel": request.kernel,
+        "key": request.key,
+        "source_hash": kernel.source_hash,
+        "info": {k: v for k, v in kernel.info.items() if k in ("capability", "sm_count", "kind", "module")},
+        "flashinfer": package_version("flashinfer-python"),
+        "toolchain": toolchain,
+        "env": {k: v for k, v in sorted(os.environ.items())
+                if k.startswith(("FLASHINFER_", "TRTLLM_DG_")) or k == "CXX"},
+        "target": TARGET.to_json(),
+        "compiler": _compiler_code(),
+    }
+
+
+def _toolchain() -> dict[str, Any] | None:
+    return compiler.toolchain()
+
+
+@functools.cache
+def _compiler_code() -> str:
+    return ",".join(file_sha256(m.__file__) for m in (compiler, specs, trtllm, sys.modules[__name__]))
+
+
+RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
+                  cache_inputs=cache_inputs, launch_from_json=launch_reader(FlashInferLaunch))

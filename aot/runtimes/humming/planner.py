@@ -8,23 +8,32 @@ writes it to its own cache (under the build's cache directory, so a rebuild find
 registration with Humming's launcher (a GPU call) is left out. The bundle keeps, per key, the cubin and
 what Humming's cache key is made of besides the machine (loader/humming_cache.py): compiler class, code,
 kernel expression, sm version, fast-math and post-processing flags.
+
+Humming's own cache is safe for parallel workers (a file lock per key, the cubin renamed into place) but
+keyed by its headers' mtimes and install paths, so reinstalling the same humming-kernels misses it; the
+build's compile cache (cache_inputs: content only) finds those kernels again in the parent, with no worker.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.metadata
 import json
 import os
+import sys
 from typing import Any
 
+from nojit.aot.compile_cache import file_sha256, launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.aot.runtimes.humming import standin
 from nojit.aot.runtimes.humming.enumerate import enumerate_kernels
+from nojit.aot.target import TARGET
+from nojit.loader import humming_cache
 from nojit.loader.humming_serving import NAME, HummingLaunch
 
 # The kernel classes Humming's MoE path constructs (humming.kernel.*): at the first forward, and in the weight
@@ -158,4 +167,40 @@ def _kernel_name(cubin_path: str, name: str) -> str:
     return matched[0]
 
 
-RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request)
+def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any]:
+    """What one kernel's cubin and launch depend on (aot/compile_cache.py): the kernel class and its arguments
+    (the key), the class module's text with Humming's headers and version (the source digest, taken from the
+    installed Humming, not the plan), the compiler Humming picks and its NVRTC, the device Humming is told
+    (the stand-in's name and SM count), HUMMING_* settings, the target, and nojit's compile code. No mtimes and
+    no paths: a reinstall of the same Humming hits."""
+    device = kernel.info.get("device") or {}
+    tools = _cache_tools(device.get("name", "NVIDIA H200"), int(device.get("sm_count", 132)))
+    return {
+        "runtime": NAME,
+        "kernel": request.kernel,
+        "key": request.key,
+        "source_hash": source_hash(request.kernel, tools["headers_digest"]),
+        "tools": tools,
+        "device": kernel.info.get("device"),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HUMMING_") and k not in (
+            "HUMMING_CACHE_DIR", "HUMMING_DISABLE_PARALLEL_BUILD")},
+        "target": TARGET.to_json(),
+        "compiler": _compiler_code(),
+    }
+
+
+@functools.cache
+def _cache_tools(device_name: str, sm_count: int) -> dict[str, Any]:
+    """_tools() in the build's parent: Humming picks its compiler from the device, so the stand-in goes first
+    (as in planning and in the worker)."""
+    standin.install(device_name, (9, 0), sm_count)
+    return _tools()
+
+
+@functools.cache
+def _compiler_code() -> str:
+    return ",".join(file_sha256(m.__file__) for m in (standin, humming_cache, sys.modules[__name__]))
+
+
+RUNTIME = Runtime(name=NAME, plan=plan, prepare_worker=prepare_worker, compile=compile_request,
+                  cache_inputs=cache_inputs, launch_from_json=launch_reader(HummingLaunch))
