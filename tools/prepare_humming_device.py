@@ -69,8 +69,8 @@ def calls_json() -> dict:
     from nojit.aot.deployment import load_deployment
     from nojit.aot.models.deepseek_v4.humming_moe import routed_experts
     from nojit.aot.runtimes.humming import standin
-    from nojit.aot.runtimes.humming.enumerate import prepare_calls
-    from nojit.aot.vllm_env import import_kernel_module, install_deployment_platform
+    from nojit.aot.runtimes.humming.enumerate import layer_schemas, prepare_calls
+    from nojit.aot.vllm_env import install_deployment_platform
 
     d = load_deployment()
     install_deployment_platform(d.platform)
@@ -85,24 +85,7 @@ def calls_json() -> dict:
             layer["gemms"][call.op] = {"layer_config": layer_config, "compute_config": compute_config,
                                        "tuning_config": tuning_config}
         # the activations' schema vLLM gives Humming (oracle/mxfp4.py _humming_input_schema, then the fallback)
-        import torch
-
-        oracle = import_kernel_module("vllm.model_executor.layers.fused_moe.oracle.mxfp4")
-        hschema = import_kernel_module("vllm.model_executor.layers.quantization.utils.humming.schema")
-        quant_utils = import_kernel_module("vllm.model_executor.layers.quantization.utils.quant_utils")
-        from humming.schema import BaseWeightSchema
-
-        param_dtype = torch.bfloat16 if d.dtype == "bfloat16" else torch.float16
-        weight_schema = BaseWeightSchema.from_config({"quant_method": moe.weight_quant_method}).to_humming_schema(
-            param_dtype)
-        original = oracle._user_moe_activation_override
-        oracle._user_moe_activation_override = lambda: None
-        try:
-            input_schema = oracle._humming_input_schema(getattr(quant_utils, moe.activation_key))
-        finally:
-            oracle._user_moe_activation_override = original
-        input_schema = hschema.check_and_fallback_input_schema(weight_schema=weight_schema, input_schema=input_schema,
-                                                               param_dtype=param_dtype, allow_fallback=False)
+        _param_dtype, _weight_schema, input_schema = layer_schemas(d, moe)
         layer["input_schema"] = {"a_dtype": str(input_schema.a_dtype),
                                  "input_scale_group_size": input_schema.input_scale_group_size,
                                  "input_scale_dtype": str(input_schema.input_scale_dtype),

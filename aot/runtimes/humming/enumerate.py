@@ -119,7 +119,7 @@ def prepare_calls(d: Deployment, moe: MoeExperts) -> list[PrepareCall]:
     from humming.tune.process_input import get_process_input_tuning_intervals
 
     hidden, inter = tp_shapes(d, moe)
-    param_dtype, weight_schema, input_schema = _schemas(d, moe)
+    param_dtype, weight_schema, input_schema = layer_schemas(d, moe)
     # HummingExpertsBase.init_humming_moe: compute config and one tuning table per sublayer.
     compute = {"use_batch_invariant": False, "use_f16_accum": False, "gemm_type": "indexed"}
     act_config = activation_mod.ApplyMoEActivationConfig(clamp_limit=moe.clamp_limit)
@@ -156,7 +156,7 @@ def prepare_calls(d: Deployment, moe: MoeExperts) -> list[PrepareCall]:
     return calls
 
 
-def _schemas(d: Deployment, moe: MoeExperts) -> tuple[Any, Any, Any]:
+def layer_schemas(d: Deployment, moe: MoeExperts) -> tuple[Any, Any, Any]:
     """(param dtype, Humming weight schema, Humming input schema) of the layer, as vLLM's MXFP4 path computes them."""
     import torch
 
@@ -219,7 +219,7 @@ class TransformCall:
 def transform_calls(d: Deployment, moe: MoeExperts) -> list[TransformCall]:
     """vLLM's `_prepare_and_transform_sublayer` arguments for w13 and w2 of one MoE layer kind."""
     hidden, inter = tp_shapes(d, moe)
-    param_dtype, weight_schema, input_schema = _schemas(d, moe)
+    param_dtype, weight_schema, input_schema = layer_schemas(d, moe)
     return [TransformCall(f"transform:{sub}", dict(
         shape_n=n, shape_k=k, pad_n_to_multiple=256, pad_k_to_multiple=128, input_schema=input_schema,
         weight_schema=weight_schema, has_bias=False, num_experts=moe.experts, torch_dtype=param_dtype, device=0))
