@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 import sys
 
+from nojit.loader.manifest import RUNTIMES
 from nojit.loader.settings import Mode, settings
+
+_DISPLAY = {"triton": "Triton", "tilelang": "TileLang", "cutedsl": "CuTeDSL", "deepgemm": "DeepGEMM",
+            "flashinfer": "FlashInfer", "humming": "Humming"}
 
 _announced_pid: int | None = None
 
@@ -25,7 +29,8 @@ def announce(inst: object) -> None:
     if getattr(inst, "mode", None) is Mode.STRICT:
         from nojit.loader.unserved import report
 
-        print("\n".join(report()), file=sys.stderr, flush=True)
+        served = frozenset(k.runtime for k in inst.bundle.index.kernels.values())  # type: ignore[attr-defined]
+        print("\n".join(report(served)), file=sys.stderr, flush=True)
 
 
 def summary_line(inst: object) -> str:
@@ -38,11 +43,8 @@ def summary_line(inst: object) -> str:
     versions = ", ".join(f"{name} {v}" for name, v in (("vLLM", p.vllm), ("Triton", p.triton), ("TileLang", p.tilelang))
                          if v)
     runtimes = [k.runtime for k in m.kernels.values()]
-    cute = f" + {runtimes.count('cutedsl')} CuTeDSL" if "cutedsl" in runtimes else ""
-    deepgemm = f" + {runtimes.count('deepgemm')} DeepGEMM" if "deepgemm" in runtimes else ""
-    flashinfer = f" + {runtimes.count('flashinfer')} FlashInfer" if "flashinfer" in runtimes else ""
-    kernels = (f"{runtimes.count('triton')} Triton + {runtimes.count('tilelang')} TileLang{cute}{deepgemm}{flashinfer} "
-               f"kernels, {m.entry_count} entries")
+    counts = " + ".join(f"{runtimes.count(r)} {_DISPLAY.get(r, r)}" for r in RUNTIMES if r in runtimes)
+    kernels = f"{counts or 'no'} kernels, {m.entry_count} entries"
     return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
             f"mode {inst.mode.value}; firewall {firewall_state(inst)}")
 
