@@ -125,7 +125,8 @@ def test_strict_warmup_with_empty_triton_cache_compiles_nothing(tmp_path, regist
     assert report["triton_cache_before"] == [] and report["triton_cache_after"] == []
     assert report["triton_real_driver_created"] is False
     assert "nojit[pid" in report["stderr"] and "mode strict" in report["stderr"]
-    assert "nojit does not serve yet" in report["stderr"]
+    # strict mode's JIT block (loader/unserved.py): the registry bundle holds some runtimes, not all
+    assert "JITs this process can reach that the bundle does not serve" in report["stderr"], report["stderr"][-3000:]
     if programs is None:
         pytest.skip("strace is not installed (apt-get install -y strace): the exec trace was not checked")
     compiles, probes = compiler_runs(programs, report)

@@ -72,8 +72,7 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
     with open(out_path + ".install.json") as f:
         installed = json.load(f)
     root = installed["cache_dir"]
-    wrong = [r for r in rows if r["error"] or r["entry"] != find_key(section, r["op"], r["n"], r["k"], r["m"], r["name"])
-             or not (r["library"] or "").startswith(root + os.sep)]
+    wrong = _wrong_rows(rows, section, root)
     started, firewall = result["started"], result["firewall"]
     stand_in = installed["DG_JIT_NVCC_COMPILER"]
     return {"ok": not wrong and not firewall["refused"] and firewall["answered"] >= 1 and started is not None
@@ -102,6 +101,12 @@ def _run_worker(spec_path: str, env: dict[str, str], work: str, use_strace: bool
     return {"firewall": firewall, "started": started, "traced": bool(strace)}
 
 
+def _wrong_rows(rows: list[dict], section: dict[str, Any], root: str) -> list[dict]:
+    """Calls that failed, loaded another entry than the bundle maps the key to, or loaded from outside the seed."""
+    return [r for r in rows if r["error"] or r["entry"] != find_key(section, r["op"], r["n"], r["k"], r["m"], r["name"])
+            or not (r["library"] or "").startswith(root + os.sep)]
+
+
 def _read_rows(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f]
@@ -119,26 +124,14 @@ def lookup_check(d: Deployment, section: dict[str, Any], read_blob: Callable[[st
     with open(spec_path, "w") as f:
         json.dump({"ops": ops, "num_sms": d.platform.sm_count, "pdl": d.platform.pdl, "out": out_path,
                    "firewall": {"nvcc": stub, "version_text": section["nvcc_version"]}}, f)
-    cmd = [sys.executable, "-m", "nojit.aot.runtimes.deepgemm.enumerate_worker", spec_path]
-    trace_path = os.path.join(work, "lookup.strace")
-    strace = shutil.which("strace") if use_strace else None
-    if strace:
-        cmd = [strace, "-f", "-qq", "-e", "trace=execve,fork,vfork,access", "-o", trace_path] + cmd
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"ok": False, "error": proc.stderr.strip()[-1500:]}
-    with open(out_path) as f:
-        rows = [json.loads(line) for line in f]
-    with open(out_path + ".firewall.json") as f:
-        firewall = json.load(f)
-    wrong = [r for r in rows if r["error"] or r["entry"] != find_key(section, r["op"], r["n"], r["k"], r["m"], r["name"])
-             or not (r["library"] or "").startswith(root + os.sep)]
-    started: list[str] | None = []
-    if strace:
-        with open(trace_path) as f:
-            started = processes_between_markers(f.read())
+    result = _run_worker(spec_path, env, work, use_strace)
+    if "error" in result:
+        return {"ok": False, **result}
+    rows = _read_rows(out_path)
+    wrong = _wrong_rows(rows, section, root)
+    started, firewall = result["started"], result["firewall"]
     return {"ok": not wrong and not firewall["refused"] and firewall["answered"] >= 1
             and started is not None and not started,
             "keys": len(rows), "wrong": wrong[:5], "n_wrong": len(wrong), "probe_answered": firewall["answered"],
-            "refused": firewall["refused"][:3], "processes_started": started, "traced": bool(strace),
+            "refused": firewall["refused"][:3], "processes_started": started, "traced": result["traced"],
             "seeded": root}
