@@ -385,6 +385,13 @@ def jit_child(g, opts, report: dict) -> None:
     report["seconds_with_compiles"] = round(time.perf_counter() - t0, 1)
     report["compiles"] = list(compiles)
     report["nojit_imported"] = sorted(m for m in sys.modules if m == "nojit" or m.startswith("nojit."))
+    signatures = sorted(glob.glob(os.path.join(cache, "*", "signature.txt")))
+    if signatures:  # Humming's key on this machine: class $$ NVRTC $$ flags $$ expr $$ code $$ header mtimes
+        with open(signatures[0]) as f:
+            parts = f.read().split("$$")
+        report["key_parts"] = {"compiler": parts[0], "nvrtc": parts[1], "flags": parts[2][:2000],
+                               "header_mtimes": len(json.loads(parts[5])) if len(parts) > 5 and parts[5][:1] == "{"
+                               else None}
     logs = [p for p in glob.glob(os.path.join(cache, "*", "stderr.log")) if os.path.getsize(p)]
     report["compiler_messages"] = [open(p).read()[-1500:] for p in logs[:2]]
 
@@ -510,7 +517,7 @@ def compare(bundle: dict, jit: dict, blobs: dict[str, tuple[str, bytes]], build_
         report["toolchain_differences"] = toolchain_differences(build_toolchain, jit["toolchain"])
     report["toolchain"] = {k: v for k, v in (jit.get("toolchain") or {}).items() if k != "headers"}
     report["headers_reached"] = len((jit.get("toolchain") or {}).get("headers") or {})
-    for key in ("nvrtc_choice", "seconds", "seconds_with_compiles", "compiles", "compiler_messages"):
+    for key in ("nvrtc_choice", "seconds", "seconds_with_compiles", "compiles", "compiler_messages", "key_parts"):
         report[f"jit_{key}"] = jit.get(key) if key != "compiles" else len(jit.get("compiles") or [])
     report["bundle_seeded"] = bundle.get("seeded_from_bundle")
     report["bundle_compiles"], report["bundle_processes"] = len(bundle.get("compiles") or []), bundle.get("processes")
