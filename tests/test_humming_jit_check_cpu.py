@@ -204,3 +204,86 @@ def test_a_run_whose_processes_write_nothing_fails(c, tmp_path, monkeypatch, cap
     printed = capsys.readouterr().out
     assert "the bundle process wrote no report" in printed and "the jit process wrote no report" in printed
     assert os.path.exists(tmp_path / "r.json")
+
+
+class _StandInGemm:
+    """Stands in for check_humming_gemm.Gemm (a GPU launch): CPU tensors from the seeds, the same interface."""
+
+    shift = 0.0  # the "JIT" process's kernel gives other values where set
+    deterministic = True
+
+    def __init__(self, op, call, input_schema, seed):
+        gen = torch.Generator().manual_seed(seed)
+        self.op, self.launches = op, 0
+        self.w_bytes = torch.randint(0, 256, (2, 4, 8), dtype=torch.uint8, generator=gen)
+        self.s_bytes = torch.randint(120, 128, (2, 4, 1), dtype=torch.uint8, generator=gen)
+        self.tensors = {"weight": self.w_bytes.int() * 3, "weight_scale": self.s_bytes.clone()}
+        self.config_matches = True
+
+    def case(self, tokens, top_k, seed):
+        gen = torch.Generator().manual_seed(seed)
+        topk = torch.randint(0, 2, (tokens, top_k), dtype=torch.int32, generator=gen)
+        q = torch.randn(tokens, 8, generator=gen).to(torch.float8_e4m3fn)
+        return {"tokens": tokens, "top_k": top_k, "m": tokens * top_k, "topk": topk, "q": q,
+                "scale": torch.ones(tokens, 1), "interval": 0, "sorted_ids": topk.reshape(-1),
+                "expert_ids": torch.zeros(1, dtype=torch.int32), "padded": torch.tensor(tokens * top_k)}
+
+    def launch(self, case, locks):
+        self.launches += 1
+        out = torch.full((case["m"], 4), float("nan"), dtype=torch.bfloat16)
+        noise = 0.0 if self.deterministic else self.launches * 0.5
+        out.copy_(case["q"].float().sum(dim=1, keepdim=True).repeat_interleave(case["top_k"], 0).expand(-1, 4)
+                  + self.shift + noise)
+        return out, 0.01
+
+    def check(self, case, out, launch_s=0.0):
+        path = self.kernel_path
+        return {"op": self.op, "tokens": case["tokens"], "m": case["m"], "interval": 0, "stream_k": True,
+                "kernel_file": path, "ok": self.shift == 0.0, "stats": "stand-in", "first_call_s": launch_s}
+
+
+def test_both_processes_cases_end_to_end_on_a_stand_in(c, tmp_path):
+    """run_cases (what each process of the step does per case: the same inputs from the same seeds, two launches,
+    digests, the saved output) and compare() on its reports; the GEMM is a CPU stand-in."""
+    import json
+    import types
+
+    (tmp_path / "hg").mkdir()
+    calls = {"layers": [{"moe": {"top_k": 2}, "input_schema": {}, "gemms": {"w13": {}, "w2": {}}}]}
+    (tmp_path / "hg" / "humming_calls.json").write_text(json.dumps(calls))
+    opts = c.parse_args(["--dir", str(tmp_path / "hg"), "--work", str(tmp_path / "w"), "--tokens", "1,3"])
+    reports = {}
+    for role, shift, kernel_bytes in (("bundle", 0.0, b"blob"), ("jit", 0.0, b"blob")):
+        (tmp_path / "w" / role).mkdir(parents=True)
+        kernel = tmp_path / f"{role}-KEY" / "kernel.cubin"
+        kernel.parent.mkdir()
+        kernel.write_bytes(kernel_bytes)
+        gemm = type("G", (_StandInGemm,), {"shift": shift, "kernel_path": str(kernel)})
+        g = types.SimpleNamespace(TOP_K_DEFAULT=6, Gemm=gemm, gemm_seed=lambda li, op: 7 + (op == "w2"),
+                                  case_seed=lambda t, li: t * 7 + li, make_locks=lambda: None)
+        report = {"cases": [], "weights": {}, "failures": [], "tracebacks": [], "compiles": ["NVRTCCompiler"],
+                  "processes": 0, "nojit_imported": []}
+        c.run_cases(g, opts, role, report)
+        reports[role] = report
+    b, j = reports["bundle"], reports["jit"]
+    assert [(x["op"], x["tokens"]) for x in b["cases"]] == [("w13", 1), ("w13", 3), ("w2", 1), ("w2", 3)]
+    assert all(x["repeat_equal"] and os.path.exists(x["output"]) and x["cubin_sha256"] for x in b["cases"])
+    assert b["weights"]["w13"]["checkpoint"] == j["weights"]["w13"]["checkpoint"]
+    assert b["cases"][0]["inputs"] == j["cases"][0]["inputs"] != b["cases"][1]["inputs"]
+    b["compiles"] = []
+    r = c.compare(b, j, {}, None, torch.load)
+    assert r["failures"] == [] and all(x["bitwise_equal"] and x["cubin_identical"] for x in r["cases"])
+    assert not any(x["same_key"] for x in r["cases"])  # the folders' names differ: bundle-KEY vs jit-KEY
+
+    # the JIT's kernel computes something else, reproducibly: a failure; not reproducibly: reported only
+    for deterministic, failed in ((True, True), (False, False)):
+        gemm = type("G", (_StandInGemm,), {"shift": 1.0, "deterministic": deterministic,
+                                          "kernel_path": str(tmp_path / "jit-KEY" / "kernel.cubin")})
+        g = types.SimpleNamespace(TOP_K_DEFAULT=6, Gemm=gemm, gemm_seed=lambda li, op: 7 + (op == "w2"),
+                                  case_seed=lambda t, li: t * 7 + li, make_locks=lambda: None)
+        j2 = {**j, "cases": [], "weights": {}}
+        c.run_cases(g, opts, "jit", j2)
+        r = c.compare(b, j2, {}, None, torch.load)
+        assert all(not x["bitwise_equal"] for x in r["cases"])
+        assert bool(r["failures"]) is failed, r["failures"]
+        assert all(x["jit_rule"] is False and x["bundle_rule"] is True for x in r["cases"])

@@ -319,6 +319,14 @@ class Gemm:
         return self.check(case, out, launch_s)
 
 
+def make_locks():
+    """The stream-K locks vLLM hands Humming (vllm.utils.humming.create_humming_locks: 8 per SM, zeroed)."""
+    import torch
+
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return torch.zeros(sm_count * 8, dtype=torch.int32, device="cuda")
+
+
 def gemm_seed(layer_index: int, op: str) -> int:
     """The weights' seed of one GEMM (the same in every check that launches these cases)."""
     return 1000 + layer_index * 10 + (op == "w2")
@@ -340,8 +348,7 @@ def device_main(opts, report: dict) -> None:
     report["seeded_from_bundle"] = len(serving.seeded)
     with open(os.path.join(opts.dir, "humming_calls.json")) as f:
         calls = json.load(f)
-    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    locks = torch.zeros(sm_count * 8, dtype=torch.int32, device="cuda")  # vllm.utils.humming.create_humming_locks
+    locks = make_locks()
     tokens = [int(t) for t in opts.tokens.split(",")]
     for li, layer in enumerate(calls["layers"]):
         top_k = int(layer["moe"].get("top_k", TOP_K_DEFAULT))

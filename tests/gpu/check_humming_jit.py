@@ -289,8 +289,7 @@ def run_cases(g, opts, role: str, report: dict) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     with open(os.path.join(opts.dir, "humming_calls.json")) as f:
         calls = json.load(f)
-    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    locks = torch.zeros(sm_count * 8, dtype=torch.int32, device="cuda")  # vllm.utils.humming.create_humming_locks
+    locks = g.make_locks()
     folder = os.path.join(opts.work, role)
     for li, layer in enumerate(calls["layers"]):
         top_k = int(layer["moe"].get("top_k", g.TOP_K_DEFAULT))
