@@ -77,7 +77,7 @@ def tensor_digest(t) -> str:
 
     c = t.detach().contiguous().cpu()
     head = f"{c.dtype}{tuple(c.shape)}".encode()
-    return sha256(head + c.view(torch.uint8).numpy().tobytes()) if c.numel() else sha256(head)
+    return sha256(head + c.reshape(-1).view(torch.uint8).numpy().tobytes()) if c.numel() else sha256(head)
 
 
 def compare_outputs(a, b) -> dict:
@@ -295,10 +295,18 @@ def run_cases(g, opts, role: str, report: dict) -> None:
         top_k = int(layer["moe"].get("top_k", g.TOP_K_DEFAULT))
         for op, call in layer["gemms"].items():
             t0 = time.perf_counter()
-            gemm = g.Gemm(op, call, layer["input_schema"], seed=g.gemm_seed(li, op))
+            try:  # weights converted and repacked by Humming (its weight-transform kernels: bundle's or JIT's)
+                gemm = g.Gemm(op, call, layer["input_schema"], seed=g.gemm_seed(li, op))
+            except Exception as exc:
+                report["failures"].append(f"{role} {op}: weight preparation failed: {type(exc).__name__}: {str(exc)[:600]}")
+                report["tracebacks"].append(traceback.format_exc()[-3000:])
+                continue
             report["weights"][op] = {"checkpoint": [tensor_digest(gemm.w_bytes), tensor_digest(gemm.s_bytes)],
-                                     "transformed": {k: tensor_digest(v) for k, v in sorted(gemm.tensors.items())},
+                                     "transformed": {k: tensor_digest(v) for k, v in sorted(gemm.tensors.items())
+                                                     if isinstance(v, torch.Tensor)},
                                      "config_matches": gemm.config_matches, "s": round(time.perf_counter() - t0, 2)}
+            if not gemm.config_matches:
+                report["failures"].append(f"{role} {op}: Humming's layer config differs from vLLM's bundled one")
             for t in opts.token_counts:
                 row: dict = {"op": op, "tokens": t}
                 try:
