@@ -386,7 +386,10 @@ def jit_child(g, opts, report: dict) -> None:
         raise RuntimeError(f"{helper} is not executable (the carry lost its mode: device_run.sh sets it)")
     compiles = g.count_compiles()
     g._imports_done()
-    report["toolchain"] = describe_toolchain()
+    try:
+        report["toolchain"] = describe_toolchain()
+    except Exception as exc:  # the comparison of outputs and cubins does not need it
+        report["toolchain_error"] = f"{type(exc).__name__}: {str(exc)[:600]}"
     t0 = time.perf_counter()
     run_cases(g, opts, "jit", report)
     report["seconds_with_compiles"] = round(time.perf_counter() - t0, 1)
@@ -524,7 +527,8 @@ def compare(bundle: dict, jit: dict, blobs: dict[str, tuple[str, bytes]], build_
         report["toolchain_differences"] = toolchain_differences(build_toolchain, jit["toolchain"])
     report["toolchain"] = {k: v for k, v in (jit.get("toolchain") or {}).items() if k != "headers"}
     report["headers_reached"] = len((jit.get("toolchain") or {}).get("headers") or {})
-    for key in ("nvrtc_choice", "seconds", "seconds_with_compiles", "compiles", "compiler_messages", "key_parts"):
+    for key in ("nvrtc_choice", "seconds", "seconds_with_compiles", "compiles", "compiler_messages", "key_parts",
+                "toolchain_error"):
         report[f"jit_{key}"] = jit.get(key) if key != "compiles" else len(jit.get("compiles") or [])
     report["bundle_seeded"] = bundle.get("seeded_from_bundle")
     report["bundle_compiles"], report["bundle_processes"] = len(bundle.get("compiles") or []), bundle.get("processes")
@@ -546,6 +550,17 @@ def summary(report: dict) -> list[str]:
         lines.append(f"  cubin differs: {d.get('class')} {d.get('code')}: sections {d.get('sections_differing')}, "
                      f".text identical {d.get('text_identical')}, tool {d.get('tool')}, paths {d.get('paths')}"
                      f"{' -> ' + d['explained'] if d.get('explained') else ''}")
+    if report.get("jit_key_parts"):
+        kp = report["jit_key_parts"]
+        lines.append(f"  Humming's key here: {kp.get('compiler')} {kp.get('nvrtc')}, {kp.get('header_mtimes')} header "
+                     f"mtimes, flags {kp.get('flags', '')[:400]}")
+    if report.get("toolchain"):
+        t = report["toolchain"]
+        lines.append(f"  JIT toolchain: NVRTC {t.get('nvrtc_version')} {t.get('nvrtc_realpath')} (pip nvidia-cuda-nvrtc "
+                     f"{t.get('pip_nvidia_cuda_nvrtc')}), include folders {t.get('include_dirs')}")
+    for extra in ("jit_toolchain_error", "jit_compiler_messages"):
+        if report.get(extra):
+            lines.append(f"  {extra}: {str(report[extra])[:1500]}")
     for line in report.get("toolchain_differences") or []:
         lines.append(f"  toolchain differs from the build box: {line}")
     if report.get("toolchain_differences") == []:
