@@ -469,9 +469,11 @@ def compare(bundle: dict, jit: dict, blobs: dict[str, tuple[str, bytes]], build_
             a, b = bundle["weights"].get(op, {}), jit["weights"].get(op, {})
             if a.get("checkpoint") != b.get("checkpoint"):
                 report["failures"].append(f"{op}: the checkpoint weights differ between the processes")
-            if a.get("transformed") != b.get("transformed"):  # the weight-transform kernels' outputs
+            ta, tb = a.get("transformed") or {}, b.get("transformed") or {}
+            if ta != tb:  # the weight-transform kernels' outputs
+                names = sorted(k for k in set(ta) | set(tb) if ta.get(k) != tb.get(k))
                 report["failures"].append(f"{op}: Humming's transformed weights differ (bundle's vs JIT's transform "
-                                          f"kernels): {sorted(k for k in a.get('transformed', {}) if a['transformed'][k] != b.get('transformed', {}).get(k))}")
+                                          f"kernels): {names}")
     jit_cases = {(c["op"], c["tokens"]): c for c in jit.get("cases", [])}
     for c in bundle.get("cases", []):
         j = jit_cases.get((c["op"], c["tokens"]))
