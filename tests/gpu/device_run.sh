@@ -28,10 +28,7 @@
 #            the MXFP4 x block-FP8 MoE GEMM, 0 compiles, 0 processes (tests/gpu/check_humming_gemm.py); needs
 #            .device-hg carried (`python tools/prepare_humming_device.py --bundle .device/humming.nojit`), whose
 #            wheels are installed into a temporary site folder first
-#   humming-jit  the humming-gemm cases run twice, in a strict serving process (kernels from .device-hg/humming.nojit)
-#            and in a process where Humming's own JIT compiles them here with this machine's NVRTC (nojit not
-#            imported, empty cache): outputs bitwise, Humming's rule for both, JIT cubins vs the bundle's blobs,
-#            toolchain vs the build box's (tests/gpu/check_humming_jit.py; carry .whl + .device-hg)
+#   humming-jit  humming-gemm's cases, bundle-served (strict) vs Humming's own JIT here (tests/gpu/check_humming_jit.py)
 #   wheel    the merged bundle made into a bundle wheel (`nojit package`), installed with the nojit wheel of .whl
 #            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
 #            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
