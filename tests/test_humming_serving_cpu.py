@@ -72,6 +72,7 @@ def test_every_bundled_humming_kernel_is_found_without_process_or_compile(tmp_pa
     assert out["registered"] == len([e for e in entries if not e.origin.startswith("moe:transform:")])
     assert out["cubin_not_bundled"] == []  # each kernel object got the bundled cubin from Humming's own lookup
     assert out["compiles"] == []  # Humming's compile step (the NVRTC child) was never reached
+    assert out["compile_step_guarded"]  # and strict mode's guard sat behind the counter
     assert out["processes"] == []  # Humming's own lookups of every bundled kernel: no process
     # seeding (at install, or as Humming's runtime loads): no process either; importing Humming's cuda-bindings
     # runs ctypes' `ldconfig -p` (cuda/pathfinder), a library lookup, not a compiler

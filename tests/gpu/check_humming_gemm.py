@@ -11,8 +11,8 @@ routing with top-k 6) and per token count (chosen so that M = tokens * top_k fal
 vLLM's tuning table, that is different bundled kernels):
   * weights in the checkpoint's MXFP4 layout (uint8 e2m1 pairs, e8m0 scales per 32), random, converted and
     repacked by Humming's own code as vLLM does (Mxfp4WeightSchema.convert_humming, then
-    prepare_and_transform_humming_tensors); its two weight-transform kernels are served from the bundle (a bundle
-    built before the build enumerated them: seeded from `.device-hg/transform` instead), so they compile nothing;
+    prepare_and_transform_humming_tensors); its two weight-transform kernels are served from the bundle, so they
+    compile nothing;
   * activations quantized to FP8 E4M3 with float32 scales per 128 (what vLLM's prepare step hands the experts);
   * routing aligned to the kernel's block size (vLLM's moe_align_block_size layout: Humming's test helper);
   * Humming's own launch: `humming.ops.humming_gemm` with vLLM's layer config, compute config and tuning table
@@ -32,7 +32,6 @@ reference dequantization against Humming's own CPU-side decoding where it has on
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -149,51 +148,44 @@ def _imports_done() -> None:
     del PROCESSES[:]
 
 
+def count_compiles() -> list[str]:
+    """Every arrival at Humming's compile step (`Compiler._compile`, which starts the NVRTC child), counted by class
+    name and passed on to whatever is there: nojit's strict guard (which refuses) in a serving process, Humming's
+    own compile in a JIT process. The one counter of the Humming checks (this one, check_humming_jit.py and the CPU
+    probe tests/probe_humming_serving.py)."""
+    import humming.jit.compiler as compilers
+
+    compiles: list[str] = []
+    for cls in (compilers.NVRTCCompiler, compilers.NVCCCompiler):
+        current = cls.__dict__["_compile"].__func__  # the guard, or Humming's own
+
+        def counted(c, *args, _current=current, **kwargs):
+            compiles.append(c.__name__)
+            return _current(c, *args, **kwargs)
+
+        cls._compile = classmethod(counted)
+    return compiles
+
+
+def compile_step_guarded() -> bool:
+    """Whether nojit's strict guard (loader/guards.py) sits on Humming's compile step (before count_compiles)."""
+    import humming.jit.compiler as compilers
+
+    return all("_guard_humming" in cls.__dict__["_compile"].__func__.__qualname__
+               for cls in (compilers.NVRTCCompiler, compilers.NVCCCompiler))
+
+
 def install_strict(root: str):
     from nojit.loader.install import install
 
     inst = install(bundle_path=os.path.join(root, "humming.nojit"), mode="strict")
-    import humming.jit.compiler as compilers
     import humming.jit.runtime  # noqa: F401  (nojit seeds the cache as this finishes loading)
 
     if inst.humming is None:
         raise RuntimeError("nojit did not serve Humming (humming-kernels not found by importlib.metadata?)")
-    compiles: list[str] = []
-    for cls in (compilers.NVRTCCompiler, compilers.NVCCCompiler):  # every arrival at Humming's compile step
-        guard = cls.__dict__.get("_compile")
-
-        def counted(c, *args, _guard=guard, **kwargs):
-            compiles.append(c.__name__)
-            if _guard is None:
-                raise RuntimeError("no strict-mode guard on Humming's compile step")
-            return _guard.__func__(c, *args, **kwargs)
-
-        cls._compile = classmethod(counted)
-    return inst, compiles
-
-
-def seed_transform_kernels(root: str) -> list[str]:
-    """The weight-transform kernels of a bundle that lacks them (built before they were enumerated) put in Humming's
-    cache by nojit's own seed function; none where prepare_humming_device.py found them in the bundle."""
-    import humming.jit.compiler as compilers
-
-    from nojit.loader import humming_cache
-
-    d = os.path.join(root, "transform")
-    if not os.path.exists(os.path.join(d, "kernels.json")):
-        return []
-    with open(os.path.join(d, "kernels.json")) as f:
-        entries = json.load(f)
-    paths = []
-    for e in entries:
-        with open(os.path.join(d, e["cubin"]), "rb") as f:
-            cubin = f.read()
-        if hashlib.sha256(cubin).hexdigest() != e["sha256"]:
-            raise RuntimeError(f"{e['cubin']}: digest differs from kernels.json")
-        paths.append(humming_cache.seed(getattr(compilers, e["compiler"]), e["code"], e["sm_version"],
-                                        e["kernel_expr"], e["disable_fast_math"], e["postprocessed"], cubin,
-                                        e["sha256"]))
-    return paths
+    if not compile_step_guarded():
+        raise RuntimeError("no strict-mode guard on Humming's compile step")
+    return inst, count_compiles()
 
 
 # ------------------------------------------------------------------------------------------------ one GEMM
@@ -243,10 +235,11 @@ class Gemm:
                                                 torch.cuda.current_device())
         return configs.reshape(-1, 4).tolist()
 
-    def run(self, tokens: int, top_k: int, seed: int, locks) -> dict:
+    def case(self, tokens: int, top_k: int, seed: int) -> dict | None:
+        """One launch's inputs: routing, FP8 activations with their scales, the aligned routing of the interval's
+        block size (None where M falls in no interval of the table)."""
         import torch
-        from humming import ops
-        from humming.kernel.humming import HummingKernel
+        from humming.testing.data import generate_random_tensor
 
         dev = self.w_bytes.device
         gen = torch.Generator(device=dev).manual_seed(seed)
@@ -254,43 +247,62 @@ class Gemm:
         topk = torch.rand((tokens, self.experts), device=dev, generator=gen).argsort(dim=1)[:, :top_k]
         topk = topk.to(torch.int32).contiguous()
         rows = tokens if self.op == "w13" else m  # w13 reads each token top_k times; w2 reads its m rows once
-        gemm_top_k = top_k if self.op == "w13" else 1  # vLLM moe_kwargs1 / moe_kwargs2
         # Activations as Humming's own tests make them (testing/data.py generate_random_tensor: per-group mean and
         # spread, row std ~ K^-1/4), so outputs have the magnitudes its tolerances (runner.py) are set for.
-        from humming.testing.data import generate_random_tensor
-
         torch.manual_seed(seed)
         x = generate_random_tensor((rows, self.k), torch.float32, group_size=self.group, device=dev).to(torch.bfloat16)
         q, scale = quant_fp8_groups(x, self.group)
         interval = interval_of(self.table, m)
         if interval is None:
-            return {"ok": False, "reason": f"M={m} is in no interval of the tuning table"}
-        block = self.table[interval][2]["block_shape"][0]
-        sorted_ids, expert_ids, padded = align(topk, self.experts, block)
-        out = torch.full((m, self.n), float("nan"), dtype=torch.bfloat16, device=dev)  # poisoned
+            return None
+        sorted_ids, expert_ids, padded = align(topk, self.experts, self.table[interval][2]["block_shape"][0])
+        return {"tokens": tokens, "top_k": top_k, "m": m, "topk": topk, "q": q, "scale": scale,
+                "interval": interval, "sorted_ids": sorted_ids, "expert_ids": expert_ids, "padded": padded}
+
+    def launch(self, case: dict, locks):
+        """Humming's own launch (ops.humming_gemm with vLLM's configs) into a NaN-poisoned output; (output, s)."""
+        import torch
+        from humming import ops
+
+        out = torch.full((case["m"], self.n), float("nan"), dtype=torch.bfloat16, device=self.w_bytes.device)
         kw = {name: self.tensors[name] for name in ("weight_scale_2", "zero_point", "bias") if name in self.tensors}
         t0 = time.perf_counter()
         ops.humming_gemm(layer_config=self.layer_config, compute_config=self.compute_config,
-                         tuning_config=self.tuning_config, inputs=q, weight=self.tensors["weight"],
-                         weight_scale=self.tensors["weight_scale"], input_scale=scale, outputs=out,
-                         sorted_ids=sorted_ids, expert_ids=expert_ids, num_tokens_padded=padded, locks=locks,
-                         top_k=gemm_top_k, valid_shape_m=m, **kw)
+                         tuning_config=self.tuning_config, inputs=case["q"], weight=self.tensors["weight"],
+                         weight_scale=self.tensors["weight_scale"], input_scale=case["scale"], outputs=out,
+                         sorted_ids=case["sorted_ids"], expert_ids=case["expert_ids"],
+                         num_tokens_padded=case["padded"], locks=locks,
+                         top_k=case["top_k"] if self.op == "w13" else 1,  # vLLM moe_kwargs1 / moe_kwargs2
+                         valid_shape_m=case["m"], **kw)
         torch.cuda.synchronize()
-        launch_s = time.perf_counter() - t0
+        return out, time.perf_counter() - t0
+
+    def kernel_of(self, m: int):
+        """The kernel object Humming picked for M (its prepare_kernels table), or None."""
+        from humming.kernel.humming import HummingKernel
+
         rows_k = [r for r in self.kernels() if r[0] < m <= r[1]]
-        kernel = HummingKernel._id2kernel[int(rows_k[0][2])] if rows_k else None
-        x_deq = dequant_fp8_groups(q, scale, self.group)
-        flat = topk.reshape(-1).long()
-        ref = reference(x_deq, flat, self.w_bytes, self.s_bytes, top_k if self.op == "w13" else 1)
+        return HummingKernel._id2kernel[int(rows_k[0][2])] if rows_k else None
+
+    def check(self, case: dict, out, launch_s: float = 0.0) -> dict:
+        """The output against the float64 reference with Humming's rule, and the wrong-routing control."""
+        import torch
+
+        m, top_k, interval = case["m"], case["top_k"], case["interval"]
+        kernel = self.kernel_of(m)
+        x_deq = dequant_fp8_groups(case["q"], case["scale"], self.group)
+        flat = case["topk"].reshape(-1).long()
+        per_token = top_k if self.op == "w13" else 1
+        ref = reference(x_deq, flat, self.w_bytes, self.s_bytes, per_token)
         stream_k = bool(getattr(kernel, "use_stream_k", self.table[interval][2].get("use_stream_k", False)))
         ok, stats = humming_close(out, ref, stream_k)
-        result = {"op": self.op, "tokens": tokens, "m": m, "interval": interval,
+        result = {"op": self.op, "tokens": case["tokens"], "m": m, "interval": interval,
                   "interval_bounds": self.table[interval][:2], "block_shape": self.table[interval][2]["block_shape"],
                   "stream_k": stream_k, "kernel_file": getattr(kernel, "kernel_filename", None),
                   "ok": ok, "stats": stats, "first_call_s": round(launch_s, 4)}
-        if tokens > 1:  # control: the same output against another routing's reference must not match
-            other = torch.roll(flat.view(tokens, top_k), shifts=1, dims=0).reshape(-1)
-            wrong = reference(x_deq, other, self.w_bytes, self.s_bytes, top_k if self.op == "w13" else 1)
+        if case["tokens"] > 1:  # control: the same output against another routing's reference must not match
+            other = torch.roll(flat.view(case["tokens"], top_k), shifts=1, dims=0).reshape(-1)
+            wrong = reference(x_deq, other, self.w_bytes, self.s_bytes, per_token)
             control_ok, control_stats = humming_close(out, wrong, stream_k)
             result["control_detected"] = not control_ok
             result["control_stats"] = control_stats
@@ -298,6 +310,31 @@ class Gemm:
                 result["ok"] = False
                 result["reason"] = "the check cannot fail: another routing's reference matched too"
         return result
+
+    def run(self, tokens: int, top_k: int, seed: int, locks) -> dict:
+        case = self.case(tokens, top_k, seed)
+        if case is None:
+            return {"ok": False, "reason": f"M={tokens * top_k} is in no interval of the tuning table"}
+        out, launch_s = self.launch(case, locks)
+        return self.check(case, out, launch_s)
+
+
+def make_locks():
+    """The stream-K locks vLLM hands Humming (vllm.utils.humming.create_humming_locks: 8 per SM, zeroed)."""
+    import torch
+
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return torch.zeros(sm_count * 8, dtype=torch.int32, device="cuda")
+
+
+def gemm_seed(layer_index: int, op: str) -> int:
+    """The weights' seed of one GEMM (the same in every check that launches these cases)."""
+    return 1000 + layer_index * 10 + (op == "w2")
+
+
+def case_seed(tokens: int, layer_index: int) -> int:
+    """The routing's and activations' seed of one case."""
+    return tokens * 7 + layer_index
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -309,17 +346,15 @@ def device_main(opts, report: dict) -> None:
     serving = inst.humming
     _imports_done()
     report["seeded_from_bundle"] = len(serving.seeded)
-    report["transform_seeded"] = len(seed_transform_kernels(opts.dir))
     with open(os.path.join(opts.dir, "humming_calls.json")) as f:
         calls = json.load(f)
-    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    locks = torch.zeros(sm_count * 8, dtype=torch.int32, device="cuda")  # vllm.utils.humming.create_humming_locks
+    locks = make_locks()
     tokens = [int(t) for t in opts.tokens.split(",")]
     for li, layer in enumerate(calls["layers"]):
         top_k = int(layer["moe"].get("top_k", TOP_K_DEFAULT))
         for op, call in layer["gemms"].items():
             try:
-                gemm = Gemm(op, call, layer["input_schema"], seed=1000 + li * 10 + (op == "w2"))
+                gemm = Gemm(op, call, layer["input_schema"], seed=gemm_seed(li, op))
             except Exception as exc:
                 report["failures"].append(f"{op}: weight preparation failed: {type(exc).__name__}: {str(exc)[:600]}")
                 report["tracebacks"].append(traceback.format_exc()[-3000:])
@@ -330,7 +365,7 @@ def device_main(opts, report: dict) -> None:
                 continue
             for t in tokens:
                 try:
-                    r = gemm.run(t, top_k, seed=t * 7 + li, locks=locks)
+                    r = gemm.run(t, top_k, seed=case_seed(t, li), locks=locks)
                 except Exception as exc:
                     r = {"op": op, "tokens": t, "ok": False, "reason": f"{type(exc).__name__}: {str(exc)[:600]}"}
                     report["tracebacks"].append(traceback.format_exc()[-3000:])
@@ -363,7 +398,6 @@ def dry_main(opts, report: dict) -> None:
     inst, compiles = install_strict(opts.dir)
     _imports_done()
     report["seeded_from_bundle"] = len(inst.humming.seeded)
-    report["transform_seeded"] = len(seed_transform_kernels(opts.dir))
     from humming.kernel.humming import HummingKernel
     from humming.kernel.process_mxfp4 import ProcessMxfp4W4A8Kernel
     from humming.kernel.repack_weight import RepackWeightKernel
@@ -374,12 +408,10 @@ def dry_main(opts, report: dict) -> None:
         self.kernel_id = len(registered)
 
     HummingKernel.register_kernel = register
-    transform = [e.key for e in inst.humming.entries.values()  # the bundle's, or the carried ones of an older bundle
+    transform = [e.key for e in inst.humming.entries.values()
                  if e.key["class"].endswith((":ProcessMxfp4W4A8Kernel", ":RepackWeightKernel"))]
-    carried = os.path.join(opts.dir, "transform", "kernels.json")
-    if os.path.exists(carried):
-        with open(carried) as f:
-            transform += [{"class": e["class"], "args": e["args"]} for e in json.load(f)]
+    if not transform:
+        report["failures"].append("the bundle holds no weight-transform kernels (rebuild it with `nojit build`)")
     for e in transform:  # Humming constructs them as transform_humming_tensors does: a cache hit each
         cls = ProcessMxfp4W4A8Kernel if e["class"].endswith("ProcessMxfp4W4A8Kernel") else RepackWeightKernel
         kernel = cls(**e["args"])
@@ -454,7 +486,7 @@ def main() -> int:
           f"{len(report.get('intervals', []))} bundled GEMM kernels ({', '.join(ops) or 'none'}) through Humming's own "
           f"launcher vs float64 reference (rtol {RTOL}, atol {ATOL}), controls detected "
           f"{sum(bool(c.get('control_detected')) for c in checked)}/{sum('control_detected' in c for c in checked)}, "
-          f"seeded {report.get('seeded_from_bundle')} from the bundle + {report.get('transform_seeded')} transform, "
+          f"seeded {report.get('seeded_from_bundle')} from the bundle, "
           f"{len(report.get('compiles', []))} compiles, {len(PROCESSES)} processes "
           f"(+{len(AT_IMPORT)} at import), "
           f"{len(report['failures'])} failures" + (" (dry run)" if opts.dry_run else ""))

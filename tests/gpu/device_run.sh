@@ -28,6 +28,7 @@
 #            the MXFP4 x block-FP8 MoE GEMM, 0 compiles, 0 processes (tests/gpu/check_humming_gemm.py); needs
 #            .device-hg carried (`python tools/prepare_humming_device.py --bundle .device/humming.nojit`), whose
 #            wheels are installed into a temporary site folder first
+#   humming-jit  humming-gemm's cases, bundle-served (strict) vs Humming's own JIT here (tests/gpu/check_humming_jit.py)
 #   wheel    the merged bundle made into a bundle wheel (`nojit package`), installed with the nojit wheel of .whl
 #            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
 #            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
@@ -127,6 +128,14 @@ PY
       # the device has no vLLM (the bundle was built with 0.33.0): the one allowed difference, as in every step
       NOJIT_ALLOW_MISMATCH=vllm PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming_gemm.py \
         --dir .device-hg --json "$OUT/check_humming_gemm.json" 2>&1 | tail -40 || rc=1
+      ;;
+    humming-jit)  # .device-hg from `python tools/prepare_humming_device.py --bundle .device/humming.nojit`
+      rm -rf /tmp/hg-site
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/hg-site \
+        .device-hg/wheels/*.whl || rc=1
+      chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null  # Humming's NVRTC child (modes may not carry)
+      NOJIT_ALLOW_MISMATCH=vllm PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming_jit.py \
+        --dir .device-hg --work $W/hg-jit --out "$OUT" --json "$OUT/check_humming_jit.json" 2>&1 || rc=1
       ;;
     deepgemm)
       if command -v strace >/dev/null; then
