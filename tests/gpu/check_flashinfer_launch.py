@@ -56,6 +56,7 @@ BATCHES = (1, 13, 128)
 GEMM_MS = (1, 2, 7, 16, 31)
 PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "os.fork",
                             "os.forkpty", "pty.spawn"})
+DEVICE = "cuda"  # the CPU test runs the cases' harness on "cpu" with a torch stand-in for FlashInfer
 TRTLLM_NAME = re.compile(r"gemm_swapAB_(\d+)_(\d+)_")
 
 _audit: list[str] = []
@@ -165,6 +166,13 @@ def calc_diff(out: Any, ref: Any) -> float:
     return float(1 - 2 * (o * r).sum() / (o * o + r * r).sum())
 
 
+def _sync() -> None:
+    import torch
+
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 # ------------------------------------------------------------------------------------------------ poisoning
 class Poison:
     """Poisons the memory torch's caching allocator hands the next allocations of this size: a region of `span`
@@ -174,7 +182,7 @@ class Poison:
     def __init__(self, shape: tuple[int, ...], dtype: Any, value: float, span: int = 8) -> None:
         import torch
 
-        region = torch.full((span, *shape), value, dtype=dtype, device="cuda")
+        region = torch.full((span, *shape), value, dtype=dtype, device=DEVICE)
         self.start = region.data_ptr()
         self.end = self.start + region.numel() * region.element_size()
         del region
@@ -189,11 +197,11 @@ def sampling_inputs(batch: int, seed: int) -> tuple[Any, Any, Any]:
     [0.3, 0.95] (float32)."""
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    sharp = torch.rand(batch, 1, device="cuda", generator=g) * 4 + 1
-    logits = torch.randn(batch, VOCAB, device="cuda", generator=g) * sharp
-    k = torch.randint(1, 201, (batch,), device="cuda", generator=g, dtype=torch.int32)
-    p = (torch.rand(batch, device="cuda", generator=g) * 0.65 + 0.3).float()
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    sharp = torch.rand(batch, 1, device=DEVICE, generator=g) * 4 + 1
+    logits = torch.randn(batch, VOCAB, device=DEVICE, generator=g) * sharp
+    k = torch.randint(1, 201, (batch,), device=DEVICE, generator=g, dtype=torch.int32)
+    p = (torch.rand(batch, device=DEVICE, generator=g) * 0.65 + 0.3).float()
     return logits.float().contiguous(), k, p
 
 
@@ -250,36 +258,36 @@ def run_deterministic(fi: Any) -> list[dict]:
 
     rows = []
     for batch in BATCHES:
-        g = torch.Generator(device="cuda").manual_seed(42 + batch)
-        logits = torch.randn(batch, VOCAB, device="cuda", generator=g) * 5  # test_top_k_mask_logits' input
-        pre = torch.rand(batch, VOCAB, device="cuda", generator=g)  # test_top_k/p_renorm_probs' input
+        g = torch.Generator(device=DEVICE).manual_seed(42 + batch)
+        logits = torch.randn(batch, VOCAB, device=DEVICE, generator=g) * 5  # test_top_k_mask_logits' input
+        pre = torch.rand(batch, VOCAB, device=DEVICE, generator=g)  # test_top_k/p_renorm_probs' input
         probs = pre / pre.sum(dim=-1, keepdim=True)
         for k_max in (10, 100, 500):
-            k = torch.randint(1, k_max + 1, (batch,), device="cuda", generator=g, dtype=torch.int32)
+            k = torch.randint(1, k_max + 1, (batch,), device=DEVICE, generator=g, dtype=torch.int32)
             rows.append(_deterministic_case(
                 f"top_k_mask_logits batch={batch} k<={k_max}", logits,
-                lambda: fi.sampling.top_k_mask_logits(logits, k), masked_logits_reference(logits, k), masked=True))
+                fi.sampling.top_k_mask_logits, (logits, k), masked_logits_reference(logits, k), masked=True))
             rows.append(_deterministic_case(
                 f"top_k_renorm_probs batch={batch} k<={k_max}", probs,
-                lambda: fi.sampling.top_k_renorm_probs(probs, k), renorm_reference(probs, top_k_mask(probs, k))))
+                fi.sampling.top_k_renorm_probs, (probs, k), renorm_reference(probs, top_k_mask(probs, k))))
         for p_val in (0.1, 0.5, 0.9, 1.0):
-            p = torch.full((batch,), p_val, device="cuda", dtype=torch.float32)
+            p = torch.full((batch,), p_val, device=DEVICE, dtype=torch.float32)
             ordered, idx = torch.sort(probs, dim=-1, descending=False)
             keep = (torch.cumsum(ordered, dim=-1) >= (1 - p_val)).int()  # test_top_p_renorm_probs: cdf >= 1 - p
             mask = torch.zeros_like(keep).scatter_add_(1, idx, keep).bool()
             rows.append(_deterministic_case(
                 f"top_p_renorm_probs batch={batch} p={p_val}", probs,
-                lambda: fi.sampling.top_p_renorm_probs(probs, p), renorm_reference(probs, mask)))
+                fi.sampling.top_p_renorm_probs, (probs, p), renorm_reference(probs, mask)))
     return rows
 
 
-def _deterministic_case(name: str, like: Any, call: Any, ref: Any, masked: bool = False) -> dict:
+def _deterministic_case(name: str, like: Any, fn: Any, args: tuple, ref: Any, masked: bool = False) -> dict:
     import torch
 
     case: dict[str, Any] = {"case": name}
     try:
         poison = Poison(tuple(like.shape), torch.float32, float("nan"), span=2)
-        out = call()
+        out = fn(*args)
         case["poisoned"] = poison.hit(out)
         case["nan_left"] = int(torch.isnan(out).sum())
         if masked:  # the same tokens masked to -inf, the kept logits unchanged
@@ -306,23 +314,23 @@ def run_gemm(fi: Any, shapes: list[tuple[int, int]]) -> list[dict]:
 
     rows = []
     for n, k in shapes:
-        g = torch.Generator(device="cuda").manual_seed(n * 7 + k)
-        w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).to(torch.bfloat16)
+        g = torch.Generator(device=DEVICE).manual_seed(n * 7 + k)
+        w = (torch.randn(n, k, device=DEVICE, generator=g) * 0.05).to(torch.bfloat16)
         wq, ws = quantize_weight_128x128(w)
         for m in GEMM_MS:
             case: dict[str, Any] = {"case": f"fp8_blockscale_gemm_sm90 M={m} N={n} K={k}"}
             try:
-                x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+                x = torch.randn(m, k, device=DEVICE, generator=g).to(torch.bfloat16)
                 ref = block_fp8_reference(x, wq, ws)
                 bf16 = (x.float() @ w.float().t())
                 poison = Poison((m, n), torch.bfloat16, float("nan"))
                 # vLLM's call (scaled_mm/flashinfer.py:260-270): the wrapper allocates the output
                 out = fi.gemm.fp8_blockscale_gemm_sm90(input=x, weight=wq, weight_scale=ws, out_dtype=torch.bfloat16)
-                torch.cuda.synchronize()
+                _sync()
                 case["poisoned"] = poison.hit(out)
-                given = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+                given = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
                 fi.gemm.fp8_blockscale_gemm_sm90(input=x, weight=wq, weight_scale=ws, out=given)
-                torch.cuda.synchronize()
+                _sync()
                 case["nan_left"] = int(torch.isnan(out).sum()) + int(torch.isnan(given).sum())
                 case["calc_diff"] = calc_diff(out.float(), ref)
                 case["calc_diff_out"] = calc_diff(given.float(), ref)
@@ -396,7 +404,7 @@ def main() -> int:
     import torch
 
     torch.cuda.init()
-    torch.empty(1, device="cuda")
+    torch.empty(1, device=DEVICE)
     result["device"] = torch.cuda.get_device_name()
     result["torch"] = torch.__version__
     result["counts_at_start"] = counts(guard)
@@ -424,10 +432,17 @@ def main() -> int:
     trtllm_root = os.environ.get("TRTLLM_DG_CACHE_DIR", "")
     result["seeded"] = {"provider_dir": serving.root, "modules": sorted(serving.modules),
                         "trtllm_cache": trtllm_cache_state(trtllm_root)}
-    import flashinfer
-    import flashinfer.gemm
-    import flashinfer.jit.env as fi_env
-    import flashinfer.sampling
+    try:  # FlashInfer's own package, carried without data/ (torch 2.11 here; built against 2.14's headers nowhere)
+        import flashinfer
+        import flashinfer.gemm
+        import flashinfer.jit.env as fi_env
+        import flashinfer.sampling
+    except Exception as exc:  # noqa: BLE001 - the step's answer: FlashInfer's Python does not run here
+        import traceback
+
+        traceback.print_exc()
+        result["error"] = f"import flashinfer failed: {type(exc).__name__}: {exc}"[:1000]
+        return finish(1)
 
     result["flashinfer"] = {"version": getattr(flashinfer, "__version__", None), "file": flashinfer.__file__,
                             "providers": [p.provider_id for p in fi_env.FLASHINFER_AOT_PROVIDERS]}
@@ -449,6 +464,7 @@ def main() -> int:
     result["flashinfer_builds"] = list(flashinfer_serving.current().builds)
     result["trtllm_cache_after"] = trtllm_cache_state(trtllm_root)
     result["cases"] = cases
+    result["python_process_events"] = list(_audit)
     for c in cases:
         extra = {k: v for k, v in c.items() if k not in ("case", "ok")}
         print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['case']:58s} {json.dumps(extra, default=str)[:260]}")
