@@ -35,7 +35,7 @@
 #   replace  servers (one per GPU, or 4 on one) and readers use a bundle while its file is replaced twice
 #            (a copy, then a --no-generic rebuild): bit-identical to the JIT, no error (REPLACE_SECONDS, default 180)
 #   flashinfer  .device/flashinfer.nojit: its TensorRT-LLM DeepGEMM cubins loaded on the GPU as TensorRT-LLM loads
-#            them (kernel found), its FlashInfer .so modules checked as files (they need torch 2.14 and FlashInfer)
+#            them (kernel found), its FlashInfer .so modules checked as files (launched: step flashinfer-launch)
 #   flashinfer-launch  FlashInfer's own Python (carried, without data/) launches the bundle's modules, seeded by nojit's
 #            strict loader as a server seeds them: vLLM's sampling calls and the block-FP8 GEMM (M < 32, TensorRT-LLM's
 #            cubins) vs torch references in FlashInfer's test tolerance, comm modules loaded; C-level process/NVRTC guard
