@@ -407,6 +407,10 @@ def main() -> int:
     torch.empty(1, device=DEVICE)
     result["device"] = torch.cuda.get_device_name()
     result["torch"] = torch.__version__
+    try:  # what torch 2.14 (the serving torch) imports in torch.cuda._utils; its import asks `ldconfig -p`
+        import cuda.pathfinder  # noqa: F401  (ctypes.util.find_library), before the counted windows as in a server
+    except ImportError:
+        pass
     result["counts_at_start"] = counts(guard)
 
     from nojit.loader import flashinfer_serving, guards
