@@ -195,8 +195,10 @@ PY
       # the process guard, built here (harness, before the check's process starts); the carried build if no cc
       ${CC:-cc} -shared -fPIC -O2 -o /tmp/fi-site/libnojit_exec_guard.so tests/gpu/exec_guard.c -ldl \
         || cp .device-fi/libnojit_exec_guard.so /tmp/fi-site/ || rc=1
-      CU13=$(python3 -c "import nvidia, os; print(next(os.path.join(p, 'cu13', 'lib') for p in nvidia.__path__))" \
-        2>/dev/null || echo /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib)
+      CU13=$(python3 -c "import nvidia, os; print(next(d for p in nvidia.__path__
+        if os.path.exists(os.path.join(d := os.path.join(p, 'cu13', 'lib'), 'libcudart.so.13'))))" 2>/dev/null \
+        || echo /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib)
+      echo "libcudart.so.13 from $CU13"
       LD_LIBRARY_PATH=$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=/tmp/fi-site:$PYTHONPATH \
         CUDA_DISABLE_PTX_JIT=1 LD_PRELOAD=/tmp/fi-site/libnojit_exec_guard.so \
         python3 tests/gpu/check_flashinfer_launch.py --dir .device-fi --json "$OUT/check_flashinfer_launch.json" \
