@@ -157,9 +157,7 @@ def test_the_carried_python_leaves_out_data_and_keeps_the_version():
         import prepare_flashinfer_device as prep
     finally:
         sys.path.pop(0)
-    import flashinfer
-
-    site = os.path.dirname(os.path.dirname(os.path.abspath(flashinfer.__file__)))
+    site = os.path.dirname(importlib.util.find_spec("flashinfer").submodule_search_locations[0])  # not imported
     files = prep.flashinfer_files(site)
     assert "flashinfer/__init__.py" in files and "flashinfer/sampling.py" in files and "flashinfer/jit/env.py" in files
     assert not any(f.startswith("flashinfer/data/") or "__pycache__" in f for f in files)
@@ -185,9 +183,7 @@ def test_carried_flashinfer_finds_and_loads_the_seeded_modules(tmp_path):
         import prepare_flashinfer_device as prep
     finally:
         sys.path.pop(0)
-    import flashinfer
-
-    site_src = os.path.dirname(os.path.dirname(os.path.abspath(flashinfer.__file__)))
+    site_src = os.path.dirname(importlib.util.find_spec("flashinfer").submodule_search_locations[0])
     site = tmp_path / "site"
     site.mkdir()
     for rel in prep.flashinfer_files(site_src):  # the archive's content, unpacked (without the xz step)
