@@ -296,7 +296,7 @@ def test_the_cases_pass_a_correct_stand_in_and_fail_a_broken_one(broken, monkeyp
     monkeypatch.setattr(check, "VOCAB", 3000)
     monkeypatch.setattr(check, "BATCHES", (1, 5))
     monkeypatch.setattr(check, "GEMM_MS", (1, 31))
-    monkeypatch.setattr(check.Poison, "hit", lambda self, out: True)  # the CPU allocator does not hand blocks back
+    monkeypatch.setattr(check.Poison, "hit", lambda self, out: True)  # the stand-in does not allocate with torch.empty
     fi = _StandIn(check, broken)
     sampling = check.run_sampling(fi, draws=3, seeds=2)
     deterministic = check.run_deterministic(fi)
@@ -308,3 +308,19 @@ def test_the_cases_pass_a_correct_stand_in_and_fail_a_broken_one(broken, monkeyp
     assert failed == expected, [c for c in sampling + deterministic + gemm if not c["ok"]][:3]
     if broken == "unwritten":
         assert all(c["nan_left"] > 0 for c in gemm)
+
+
+@pytest.mark.skipif(not have("torch"), reason="torch is not installed")
+def test_poison_fills_what_torch_empty_hands_out_and_restores_it():
+    import torch
+
+    check = _check_module()
+    real = torch.empty
+    with check.Poison() as poison:
+        samples = torch.empty(4, dtype=torch.int32)
+        out = torch.empty_like(torch.zeros(2, 3, dtype=torch.bfloat16))
+        workspace = torch.empty(16, dtype=torch.uint8)
+    assert torch.empty is real
+    assert samples.tolist() == [-1] * 4 and bool(torch.isnan(out).all())
+    assert poison.hit(samples) and poison.hit(out) and not poison.hit(workspace)
+    assert not poison.hit(torch.zeros(4, dtype=torch.int32))

@@ -27,10 +27,9 @@ AOT lookup (jit/env.py get_aot_artifacts) and loader (jit/core.py JitSpec.try_lo
     similarity > 0.967 against the bf16 product (that test's threshold for BF16 input + FP8 per-block weights).
   * trtllm_comm, trtllm_mnnvl_comm (TP allreduce fusion: they need two or more ranks): loaded by FlashInfer's
     build_and_load from the seeded provider and their functions looked up; not launched.
-Outputs poisoned first: outputs FlashInfer allocates itself are poisoned through torch's caching allocator (a
-block of that size filled with the poison and freed right before the call; the call counts as poisoned when its
-output has that address), the GEMM's `out=` buffer with NaN; a case that has no poisoned call, or whose output still
-holds poison, fails. Zero compiles, zero processes: the preloaded guard (tests/gpu/exec_guard.c) counts every
+Outputs poisoned first: the outputs FlashInfer's wrappers allocate (torch.empty / empty_like) are filled with NaN or
+-1 as they are allocated (class Poison), the GEMM's second call writes into an `out=` buffer filled with NaN; a call
+whose output is not one of the poisoned allocations, or still holds poison, fails its case. Zero compiles, zero processes: the preloaded guard (tests/gpu/exec_guard.c) counts every
 fork/exec/posix_spawn/popen/system and nvrtcCompileProgram from C and refuses them from the first FlashInfer call
 on; a Python audit hook counts process starts; nojit's strict loader refuses a module FlashInfer would build; the
 TensorRT-LLM cache must hold only the seeded cubins afterwards.
@@ -175,20 +174,38 @@ def _sync() -> None:
 
 # ------------------------------------------------------------------------------------------------ poisoning
 class Poison:
-    """Poisons the memory torch's caching allocator hands the next allocations of this size: a region of `span`
-    outputs filled with the poison is freed just before the call (the allocator splits the next blocks of that
-    size from it); the call counts as poisoned-before when its output lies inside that region."""
+    """While active, torch.empty and torch.empty_like (what FlashInfer's wrappers allocate their outputs with:
+    sampling.py `samples = torch.empty(batch_size, ...)`, gemm_base.py `out = torch.empty(M, N, ...)`) hand out
+    tensors already filled with a poison: NaN for floating dtypes, -1 for int32/int64. Other dtypes (uint8
+    workspaces, bool flags) are left as allocated; zero-initialised scratch comes from torch.zeros, untouched.
+    `hit(out)`: the output is one of the poisoned allocations."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: Any, value: float, span: int = 8) -> None:
+    def __enter__(self) -> Poison:  # noqa: PYI034
         import torch
 
-        region = torch.full((span, *shape), value, dtype=dtype, device=DEVICE)
-        self.start = region.data_ptr()
-        self.end = self.start + region.numel() * region.element_size()
-        del region
+        self.torch, self.ptrs = torch, set()
+        self.saved = (torch.empty, torch.empty_like)
+        real_empty, real_like = self.saved
+
+        def poison(t: Any) -> Any:
+            if t.is_floating_point() and t.element_size() >= 2:
+                t.fill_(float("nan"))
+            elif t.dtype in (torch.int32, torch.int64):
+                t.fill_(-1)
+            else:
+                return t
+            self.ptrs.add(t.data_ptr())
+            return t
+
+        torch.empty = lambda *a, **kw: poison(real_empty(*a, **kw))
+        torch.empty_like = lambda *a, **kw: poison(real_like(*a, **kw))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.torch.empty, self.torch.empty_like = self.saved
 
     def hit(self, out: Any) -> bool:
-        return self.start <= out.data_ptr() < self.end
+        return out.data_ptr() in self.ptrs
 
 
 # ------------------------------------------------------------------------------------------------ cases
@@ -211,8 +228,8 @@ def run_sampling(fi: Any, draws: int, seeds: int) -> list[dict]:
     rows = []
     for op in ("top_p", "top_k", "top_k_top_p"):
         for batch in BATCHES:
-            case = {"case": f"sampling {op} batch={batch}", "draws": 0, "poisoned": 0, "outside": 0, "poison_left": 0,
-                    "distinct": 0}
+            case = {"case": f"sampling {op} batch={batch}", "calls": 0, "draws": 0, "poisoned": 0, "outside": 0,
+                    "poison_left": 0, "distinct": 0}
             t0 = time.perf_counter()
             seen: set[tuple[int, int]] = set()
             try:
@@ -227,13 +244,14 @@ def run_sampling(fi: Any, draws: int, seeds: int) -> list[dict]:
                         masked = masked_logits_reference(logits, k)
                         allowed = top_k_mask(logits, k) & top_p_mask(torch.softmax(masked, dim=-1), p)
                     for _ in range(draws):
-                        poison = Poison((batch,), torch.int32, -1)
-                        if op == "top_p":
-                            out = fi.sampling.top_p_sampling_from_probs(probs, p, deterministic=True)
-                        elif op == "top_k":
-                            out = fi.sampling.top_k_sampling_from_probs(probs, k, deterministic=True)
-                        else:
-                            out = fi.sampling.top_k_top_p_sampling_from_logits(logits, k, p, deterministic=True)
+                        with Poison() as poison:
+                            if op == "top_p":
+                                out = fi.sampling.top_p_sampling_from_probs(probs, p, deterministic=True)
+                            elif op == "top_k":
+                                out = fi.sampling.top_k_sampling_from_probs(probs, k, deterministic=True)
+                            else:
+                                out = fi.sampling.top_k_top_p_sampling_from_logits(logits, k, p, deterministic=True)
+                        case["calls"] += 1
                         case["poisoned"] += poison.hit(out)
                         ids = out.view(-1).long()
                         case["poison_left"] += int((ids == -1).sum())
@@ -246,8 +264,8 @@ def run_sampling(fi: Any, draws: int, seeds: int) -> list[dict]:
                 case["error"] = f"{type(exc).__name__}: {exc}"[:600]
             case["distinct"] = len(seen)
             case["seconds"] = round(time.perf_counter() - t0, 3)
-            case["ok"] = ("error" not in case and case["draws"] > 0 and case["poisoned"] > 0 and case["outside"] == 0
-                          and case["poison_left"] == 0)
+            case["ok"] = ("error" not in case and case["draws"] > 0 and case["poisoned"] == case["calls"]
+                          and case["outside"] == 0 and case["poison_left"] == 0)
             rows.append(case)
     return rows
 
@@ -265,10 +283,10 @@ def run_deterministic(fi: Any) -> list[dict]:
         for k_max in (10, 100, 500):
             k = torch.randint(1, k_max + 1, (batch,), device=DEVICE, generator=g, dtype=torch.int32)
             rows.append(_deterministic_case(
-                f"top_k_mask_logits batch={batch} k<={k_max}", logits,
+                f"top_k_mask_logits batch={batch} k<={k_max}",
                 fi.sampling.top_k_mask_logits, (logits, k), masked_logits_reference(logits, k), masked=True))
             rows.append(_deterministic_case(
-                f"top_k_renorm_probs batch={batch} k<={k_max}", probs,
+                f"top_k_renorm_probs batch={batch} k<={k_max}",
                 fi.sampling.top_k_renorm_probs, (probs, k), renorm_reference(probs, top_k_mask(probs, k))))
         for p_val in (0.1, 0.5, 0.9, 1.0):
             p = torch.full((batch,), p_val, device=DEVICE, dtype=torch.float32)
@@ -276,18 +294,18 @@ def run_deterministic(fi: Any) -> list[dict]:
             keep = (torch.cumsum(ordered, dim=-1) >= (1 - p_val)).int()  # test_top_p_renorm_probs: cdf >= 1 - p
             mask = torch.zeros_like(keep).scatter_add_(1, idx, keep).bool()
             rows.append(_deterministic_case(
-                f"top_p_renorm_probs batch={batch} p={p_val}", probs,
+                f"top_p_renorm_probs batch={batch} p={p_val}",
                 fi.sampling.top_p_renorm_probs, (probs, p), renorm_reference(probs, mask)))
     return rows
 
 
-def _deterministic_case(name: str, like: Any, fn: Any, args: tuple, ref: Any, masked: bool = False) -> dict:
+def _deterministic_case(name: str, fn: Any, args: tuple, ref: Any, masked: bool = False) -> dict:
     import torch
 
     case: dict[str, Any] = {"case": name}
     try:
-        poison = Poison(tuple(like.shape), torch.float32, float("nan"), span=2)
-        out = fn(*args)
+        with Poison() as poison:
+            out = fn(*args)
         case["poisoned"] = poison.hit(out)
         case["nan_left"] = int(torch.isnan(out).sum())
         if masked:  # the same tokens masked to -inf, the kept logits unchanged
@@ -323,9 +341,10 @@ def run_gemm(fi: Any, shapes: list[tuple[int, int]]) -> list[dict]:
                 x = torch.randn(m, k, device=DEVICE, generator=g).to(torch.bfloat16)
                 ref = block_fp8_reference(x, wq, ws)
                 bf16 = (x.float() @ w.float().t())
-                poison = Poison((m, n), torch.bfloat16, float("nan"))
                 # vLLM's call (scaled_mm/flashinfer.py:260-270): the wrapper allocates the output
-                out = fi.gemm.fp8_blockscale_gemm_sm90(input=x, weight=wq, weight_scale=ws, out_dtype=torch.bfloat16)
+                with Poison() as poison:
+                    out = fi.gemm.fp8_blockscale_gemm_sm90(input=x, weight=wq, weight_scale=ws,
+                                                           out_dtype=torch.bfloat16)
                 _sync()
                 case["poisoned"] = poison.hit(out)
                 given = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
@@ -337,13 +356,12 @@ def run_gemm(fi: Any, shapes: list[tuple[int, int]]) -> list[dict]:
                 case["cos_bf16"] = float(torch.nn.functional.cosine_similarity(out.float().flatten(), bf16.flatten(),
                                                                                dim=0))
                 case["max_rel_err"] = float((out.float() - ref).abs().max() / ref.abs().max())
-                case["ok"] = bool(case["nan_left"] == 0 and case["calc_diff"] < GEMM_DIFF
+                case["ok"] = bool(case["poisoned"] and case["nan_left"] == 0 and case["calc_diff"] < GEMM_DIFF
                                   and case["calc_diff_out"] < GEMM_DIFF and case["cos_bf16"] > GEMM_COS_BF16)
             except Exception as exc:  # noqa: BLE001
                 case["error"] = f"{type(exc).__name__}: {exc}"[:600]
                 case["ok"] = False
             rows.append(case)
-    # at least one call per shape must have landed on a poisoned block (the explicit out= is always poisoned)
     return rows
 
 
@@ -472,7 +490,6 @@ def main() -> int:
     for c in cases:
         extra = {k: v for k, v in c.items() if k not in ("case", "ok")}
         print(f"{'ok  ' if c['ok'] else 'FAIL'} {c['case']:58s} {json.dumps(extra, default=str)[:260]}")
-    gemm_poisoned = {c["case"].split(" N=")[1] for c in cases if c["case"].startswith("fp8_") and c.get("poisoned")}
     cache_clean = (result["trtllm_cache_after"]["cache"] == result["seeded"]["trtllm_cache"]["cache"]
                    and not result["trtllm_cache_after"]["tmp"])
     zero = (all(v == 0 for v in result["counts_install_and_import"].values())
@@ -480,7 +497,7 @@ def main() -> int:
             and not result["compile_attempts"] and not result["flashinfer_builds"])
     result["summary"] = {
         "cases": len(cases), "passed": sum(c["ok"] for c in cases),
-        "gemm_shapes": len(shapes), "gemm_shapes_with_poisoned_vllm_call": len(gemm_poisoned),
+        "gemm_shapes": len(shapes),
         "modules_in_bundle": modules, "zero_compiles_zero_processes": zero, "trtllm_cache_unchanged": cache_clean}
     result["ok"] = bool(cases) and all(c["ok"] for c in cases) and zero and cache_clean and len(shapes) > 0
     print(json.dumps({k: result[k] for k in ("summary", "counts_install_and_import", "counts_launch",
