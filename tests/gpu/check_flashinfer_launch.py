@@ -423,6 +423,7 @@ def main() -> int:
 
     torch.cuda.init()
     torch.empty(1, device=DEVICE)
+    torch.backends.cuda.matmul.allow_tf32 = False  # the float32 references in float32
     result["device"] = torch.cuda.get_device_name()
     result["torch"] = torch.__version__
     try:  # what torch 2.14 (the serving torch) imports in torch.cuda._utils; its import asks `ldconfig -p`
