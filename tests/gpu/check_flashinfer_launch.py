@@ -455,7 +455,7 @@ def main() -> int:
     trtllm_root = os.environ.get("TRTLLM_DG_CACHE_DIR", "")
     result["seeded"] = {"provider_dir": serving.root, "modules": sorted(serving.modules),
                         "trtllm_cache": trtllm_cache_state(trtllm_root)}
-    try:  # FlashInfer's own package, carried without data/ (torch 2.11 here; built against 2.14's headers nowhere)
+    try:  # FlashInfer's own package, carried without data/, under this machine's torch (2.11)
         import flashinfer
         import flashinfer.gemm
         import flashinfer.jit.env as fi_env
