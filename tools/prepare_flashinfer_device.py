@@ -92,9 +92,11 @@ def download_tvm_ffi(dest: str, given: str | None) -> str:
     """The apache-tvm-ffi cp312 wheel at the installed version (FlashInfer requires >=0.1.11,<0.2)."""
     os.makedirs(dest, exist_ok=True)
     version = importlib.metadata.version("apache-tvm-ffi")
+    keep = os.path.abspath(given) if given else None
     for old in glob.glob(os.path.join(dest, "apache_tvm_ffi-*.whl")):
-        os.remove(old)
-    if given:
+        if os.path.abspath(old) != keep:
+            os.remove(old)
+    if given and os.path.dirname(keep) != os.path.abspath(dest):
         shutil.copy2(given, dest)
     else:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", "3.12",
