@@ -1,5 +1,6 @@
-"""What of a FlashInfer bundle the device can check without FlashInfer (too large to carry) and with torch 2.11
-(the modules link against torch 2.14's ABI and cannot load there).
+"""What of a FlashInfer bundle the device can check without FlashInfer's Python: the cubins loaded, the modules as
+files. (The modules link no torch: NEEDED libcudart.so.13, libnvrtc.so.13, libcuda.so.1, libstdc++; FlashInfer's
+own Python launches them on the device in tests/gpu/check_flashinfer_launch.py, step flashinfer-launch.)
 
 - TensorRT-LLM DeepGEMM cubins (kind trtllm_deepgemm): each is loaded on the GPU the way TensorRT-LLM's
   Runtime::getKernel does (runtime.cuh:89-110: cuLibraryLoadData, enumerate the kernels, take the one whose name

@@ -36,7 +36,11 @@
 #   replace  servers (one per GPU, or 4 on one) and readers use a bundle while its file is replaced twice
 #            (a copy, then a --no-generic rebuild): bit-identical to the JIT, no error (REPLACE_SECONDS, default 180)
 #   flashinfer  .device/flashinfer.nojit: its TensorRT-LLM DeepGEMM cubins loaded on the GPU as TensorRT-LLM loads
-#            them (kernel found), its FlashInfer .so modules checked as files (they need torch 2.14 and FlashInfer)
+#            them (kernel found), its FlashInfer .so modules checked as files (launched: step flashinfer-launch)
+#   flashinfer-launch  FlashInfer's own Python (carried, without data/) launches the bundle's modules, seeded by nojit's
+#            strict loader as a server seeds them: vLLM's sampling calls and the block-FP8 GEMM (M < 32, TensorRT-LLM's
+#            cubins) vs torch references in FlashInfer's test tolerance, comm modules loaded; C-level process/NVRTC guard
+#            preloaded (tests/gpu/check_flashinfer_launch.py); needs .device-fi (tools/prepare_flashinfer_device.py)
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -191,6 +195,23 @@ PY
         --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
       # kernel[grid] through the C bound grid: eager == CUDA-graph replay, byte for byte
       python3 tests/gpu/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -12 || rc=1
+      ;;
+    flashinfer-launch)  # .device-fi from tools/prepare_flashinfer_device.py, carried with .whl only
+      rm -rf /tmp/fi-site && mkdir -p /tmp/fi-site
+      tar -xJf .device-fi/flashinfer_py.tar.xz -C /tmp/fi-site || rc=1
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fi-site \
+        .device-fi/wheels/apache_tvm_ffi-*.whl || rc=1
+      # the process guard, built here (harness, before the check's process starts); the carried build if no cc
+      ${CC:-cc} -shared -fPIC -O2 -o /tmp/fi-site/libnojit_exec_guard.so tests/gpu/exec_guard.c -ldl \
+        || cp .device-fi/libnojit_exec_guard.so /tmp/fi-site/ || rc=1
+      CU13=$(python3 -c "import nvidia, os; print(next(d for p in nvidia.__path__
+        if os.path.exists(os.path.join(d := os.path.join(p, 'cu13', 'lib'), 'libcudart.so.13'))))" 2>/dev/null \
+        || echo /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib)
+      echo "libcudart.so.13 from $CU13"
+      LD_LIBRARY_PATH=$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=/tmp/fi-site:$PYTHONPATH \
+        CUDA_DISABLE_PTX_JIT=1 LD_PRELOAD=/tmp/fi-site/libnojit_exec_guard.so \
+        python3 tests/gpu/check_flashinfer_launch.py --dir .device-fi --json "$OUT/check_flashinfer_launch.json" \
+        2>&1 | tail -120 || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
