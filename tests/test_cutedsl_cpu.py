@@ -214,3 +214,55 @@ def test_a_rebuild_from_the_cache_compiles_nothing_and_writes_the_same_bytes(cut
         assert all(isinstance(cache.lookup(planner.RUNTIME, r, k), dict) for r, k in requests)
     finally:
         planner.tool_versions = real
+
+
+def test_device_launch_prep_layout_and_link_here(cute_build, tmp_path):
+    """tools/prepare_cutedsl_device.py's `.device-cu` (tvm-ffi wheel left out: no network in CI): the bundle's
+    CuTeDSL entries with their digests, CuTeDSL's C runtime as .xz that unpacks to the installed library's bytes,
+    the vLLM reference files with their digests; then tests/gpu/check_cutedsl_launch.py's preparation phase here
+    (no GPU, nothing called): every object read through nojit's reader, linked with this box's g++ against the
+    unpacked runtime and libtvm_ffi, and loaded with tvm_ffi.load_module; a damaged runtime is refused."""
+    import hashlib
+    import importlib.util
+    import lzma
+
+    if shutil.which("g++") is None or not have("tvm_ffi"):
+        pytest.skip("needs g++ and apache-tvm-ffi")
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from prepare_cutedsl_device import RUNTIME_LIB, cutedsl_libdir, folder_size, prepare
+
+    out = tmp_path / "cu"
+    m = prepare(cute_build["bundle"], str(out), wheel=False)
+    from nojit.loader.bundle_file import Bundle
+
+    b = Bundle.open(cute_build["bundle"])
+    want = {(e.kernel, e.launch.symbol, e.blob) for e in b.manifest.entries}
+    assert {(e["kernel"], e["symbol"], e["blob"]) for e in m["bundle"]["entries"]} == want and len(want) == 2
+    assert open(out / "cutedsl.nojit", "rb").read() == open(cute_build["bundle"], "rb").read()
+    packed = (out / m["runtime"]["file"]).read_bytes()
+    assert hashlib.sha256(packed).hexdigest() == m["runtime"]["xz_sha256"]
+    raw = lzma.decompress(packed)
+    with open(os.path.join(cutedsl_libdir(), RUNTIME_LIB), "rb") as f:
+        assert raw == f.read() and hashlib.sha256(raw).hexdigest() == m["runtime"]["sha256"]
+    sources = json.loads((out / "vllm_src" / "SOURCES.json").read_text())["files"]
+    assert "models/deepseek_v4/common/ops/fused_compress_quant_cache.py" in sources
+    for rel, digest in sources.items():
+        assert hashlib.sha256((out / "vllm_src" / "vllm" / rel).read_bytes()).hexdigest() == digest
+        installed = os.path.join(os.path.dirname(importlib.util.find_spec("vllm").origin), rel)
+        assert hashlib.sha256(open(installed, "rb").read()).hexdigest() == digest  # verbatim
+    assert folder_size(str(out)) < 45 * 2**20
+
+    check = os.path.join(ROOT, "tests", "gpu", "check_cutedsl_launch.py")
+    report = tmp_path / "link.json"
+    p = subprocess.run([sys.executable, check, "--dir", str(out), "--link-only", "--json", str(report)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    assert "linked and loaded 2 CuTeDSL objects" in p.stdout and "Function" in p.stdout
+    assert {(e["kernel"], e["symbol"], e["blob"]) for e in json.loads(report.read_text())["entries"]} == want
+
+    damaged = bytearray(packed)
+    damaged[len(damaged) // 2] ^= 0xFF
+    (out / m["runtime"]["file"]).write_bytes(bytes(damaged))
+    p = subprocess.run([sys.executable, check, "--dir", str(out), "--link-only"], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode != 0 and "sha256 differs" in p.stdout + p.stderr

@@ -104,6 +104,12 @@ def copy_reference_sources(out_dir: str) -> dict[str, str]:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(pkg, rel), target)
         digests[rel] = sha256_file(target)
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+    import vllm_mount
+
+    for name in vllm_mount.EMPTY_PACKAGES | vllm_mount.STUB_PACKAGES:  # made empty or stand-ins by the mount, which
+        if os.path.isdir(os.path.join(pkg, *name.split(".")[1:])):  # looks for their directories
+            os.makedirs(os.path.join(out_dir, "vllm", *name.split(".")[1:]), exist_ok=True)
     with open(os.path.join(out_dir, "SOURCES.json"), "w") as f:
         json.dump({"vllm": importlib.metadata.version("vllm"), "files": digests}, f, indent=1, sort_keys=True)
     return digests
@@ -129,7 +135,8 @@ def bundle_entries(bundle_path: str) -> tuple[list[dict], dict[str, str]]:
     return rows, tools
 
 
-def prepare(bundle: str, out: str) -> dict:
+def prepare(bundle: str, out: str, wheel: bool = True) -> dict:
+    """Write `out` (see the module docstring); wheel=False leaves the tvm-ffi wheel out (the CPU test: no network)."""
     entries, tools = bundle_entries(bundle)
     installed = {t: importlib.metadata.version(t) for t in tools}
     if installed != tools:
@@ -139,7 +146,7 @@ def prepare(bundle: str, out: str) -> dict:
     manifest = {
         "bundle": {"file": "cutedsl.nojit", "sha256": sha256_file(bundle), "entries": entries},
         "tools": tools,
-        "tvm_ffi_wheel": download_tvm_ffi(os.path.join(out, "wheels"), tools["apache-tvm-ffi"]),
+        "tvm_ffi_wheel": download_tvm_ffi(os.path.join(out, "wheels"), tools["apache-tvm-ffi"]) if wheel else None,
         "runtime": pack_runtime(os.path.join(out, "runtime")),
         "link": {"libs": ["cute_dsl_runtime", "tvm_ffi"],
                  "aot_config": "python -m cutlass.cute.export.aot_config --ldflags / --libs (cutlass/cute/export/"

@@ -71,6 +71,9 @@ REFERENCE_MODULES = (  # vLLM's non-CuTeDSL paths of the bundled ops
 )
 ROUTER_N = 256  # DeepSeek-V4-Flash router: (K, N) = (4096, 256) in ll_bf16.py's tuned tables
 SPLITK_M = (5, 8, 16)
+# The device the cases run on; "cpu" only for --references-only under TRITON_INTERPRET=1 (the CPU validation of
+# the references' calls: the CuTeDSL functions are never called there).
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 PROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty")
 
 
@@ -196,11 +199,11 @@ def router_cases(entries: list[dict], fns: dict) -> list[Case]:
         else:
             shapes = [(m, 4096) for m in SPLITK_M]
         for m, kk in shapes:
-            g = torch.Generator(device="cuda").manual_seed(1000 + m)
-            x = torch.randn(m, kk, generator=g, device="cuda").to(torch.bfloat16)
-            w = (torch.randn(ROUTER_N, kk, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+            g = torch.Generator(device=DEV).manual_seed(1000 + m)
+            x = torch.randn(m, kk, generator=g, device=DEV).to(torch.bfloat16)
+            w = (torch.randn(ROUTER_N, kk, generator=g, device=DEV) * 0.02).to(torch.bfloat16)
             ref = x.double() @ w.double().T
-            out = torch.full((m, ROUTER_N), float("nan"), dtype=torch.float32, device="cuda")
+            out = torch.full((m, ROUTER_N), float("nan"), dtype=torch.float32, device=DEV)
 
             def run(fn=fn, x=x, w=w, out=out, backend=k["backend"]) -> None:
                 out.fill_(float("nan"))  # poisoned before each call
@@ -228,7 +231,7 @@ def _round_up(x: int, m: int) -> int:
 def _fp8_bytes(shape: tuple, g: Any, scale: float = 1.0) -> Any:
     import torch
 
-    v = torch.randn(*shape, generator=g, device="cuda") * scale
+    v = torch.randn(*shape, generator=g, device=DEV) * scale
     return v.clamp(-440, 440).to(torch.float8_e4m3fn).view(torch.uint8)
 
 
@@ -245,30 +248,30 @@ def dequant_gather_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[C
         head_dim = 512
         data_dim = fp8_dim + (head_dim - fp8_dim) * 2
         head_bytes = data_dim + head_dim // group
-        g = torch.Generator(device="cuda").manual_seed(2000 + bs)
+        g = torch.Generator(device=DEV).manual_seed(2000 + bs)
         seq_lens_l = [3 * bs + 5, 1, 2 * bs] if bs > 2 else [37, 1, 20]
         num_reqs = len(seq_lens_l)
         max_blocks = max(math.ceil(s / bs) for s in seq_lens_l) + 1
         num_blocks = num_reqs * max_blocks + 3
         stride0 = _round_up(_round_up(bs * head_bytes, 576), 32)  # the fake tensor's stride: divisible by 32
-        buf = torch.empty(num_blocks * stride0, dtype=torch.uint8, device="cuda")
+        buf = torch.empty(num_blocks * stride0, dtype=torch.uint8, device=DEV)
         blocks = buf.view(num_blocks, stride0)
-        blocks.copy_(torch.randint(0, 120, (num_blocks, stride0), generator=g, device="cuda", dtype=torch.uint8))
+        blocks.copy_(torch.randint(0, 120, (num_blocks, stride0), generator=g, device=DEV, dtype=torch.uint8))
         data = blocks[:, :bs * data_dim].view(num_blocks, bs, data_dim)  # V4: a block's data rows, then its scales
         data[..., :fp8_dim] = _fp8_bytes((num_blocks, bs, fp8_dim), g)
-        data[..., fp8_dim:] = torch.randn(num_blocks, bs, head_dim - fp8_dim, generator=g, device="cuda").to(
+        data[..., fp8_dim:] = torch.randn(num_blocks, bs, head_dim - fp8_dim, generator=g, device=DEV).to(
             torch.bfloat16).view(torch.uint8)
         scales = blocks[:, bs * data_dim: bs * data_dim + bs * (head_dim // group)].view(num_blocks, bs, head_dim // group)
-        scales.copy_(torch.randint(118, 132, scales.shape, generator=g, device="cuda", dtype=torch.uint8))
+        scales.copy_(torch.randint(118, 132, scales.shape, generator=g, device=DEV, dtype=torch.uint8))
         k_cache = torch.as_strided(buf, (num_blocks, bs, head_bytes), (stride0, head_bytes, 1))
         perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(bs))[:num_reqs * max_blocks]
-        block_table = perm.view(num_reqs, max_blocks).to(torch.int32).cuda()
-        seq_lens = torch.tensor(seq_lens_l, dtype=torch.int32, device="cuda")
-        gather_lens = (torch.tensor([min(s, 2 * bs + 3) for s in seq_lens_l], dtype=torch.int32, device="cuda")
+        block_table = perm.view(num_reqs, max_blocks).to(torch.int32).to(DEV)
+        seq_lens = torch.tensor(seq_lens_l, dtype=torch.int32, device=DEV)
+        gather_lens = (torch.tensor([min(s, 2 * bs + 3) for s in seq_lens_l], dtype=torch.int32, device=DEV)
                        if k["has_gather_lens"] else None)
         offset = 4 if k["has_gather_lens"] else 0
         rows = offset + max(seq_lens_l) + 3
-        ref = torch.full((num_reqs, rows, head_dim), float("nan"), dtype=torch.bfloat16, device="cuda")
+        ref = torch.full((num_reqs, rows, head_dim), float("nan"), dtype=torch.bfloat16, device=DEV)
         assert not ref_ops.has_cutedsl(), "vLLM would take its CuTeDSL path here: the reference must be Triton"
         ref_ops.dequantize_and_gather_k_cache(ref, k_cache, seq_lens, gather_lens, block_table, bs, offset)
         out = torch.empty_like(ref)
@@ -314,21 +317,21 @@ def indexer_q_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[Case]:
         assert k["cos_sin_dtype"] == "Float32", k
         heads, head_dim, rope = k["num_heads"], k["head_dim"], k["rope_dim"]
         tokens = 37 if k["coarsen"] == 1 else 600  # vLLM: coarsen = 1 if num_tokens < 512 else 4
-        g = torch.Generator(device="cuda").manual_seed(3000 + tokens)
+        g = torch.Generator(device=DEV).manual_seed(3000 + tokens)
         max_pos = 4096
-        positions = torch.randint(0, max_pos, (tokens,), generator=g, device="cuda", dtype=torch.int64)
-        q = (torch.randn(tokens, heads, head_dim, generator=g, device="cuda") * 0.5).to(torch.bfloat16)
-        inv_freq = 1.0 / (10000 ** (torch.arange(0, rope, 2, dtype=torch.float32, device="cuda") / rope))
-        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32, device="cuda"), inv_freq)
+        positions = torch.randint(0, max_pos, (tokens,), generator=g, device=DEV, dtype=torch.int64)
+        q = (torch.randn(tokens, heads, head_dim, generator=g, device=DEV) * 0.5).to(torch.bfloat16)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, rope, 2, dtype=torch.float32, device=DEV) / rope))
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32, device=DEV), inv_freq)
         cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous()
-        weights = torch.randn(tokens, heads, generator=g, device="cuda").to(torch.bfloat16)
+        weights = torch.randn(tokens, heads, generator=g, device=DEV).to(torch.bfloat16)
         softmax_scale, head_scale = head_dim ** -0.5, heads ** -0.5
         assert not ref_ops.has_cutedsl()
         ref_q, ref_w = ref_ops.fused_indexer_q_rope_quant(positions, q, cos_sin, weights, softmax_scale, head_scale,
                                                           use_fp4=False)
         ref_eff = ref_w.double()[..., None] * ref_q.float().double()
-        q_fp8 = torch.empty(tokens, heads, head_dim, dtype=torch.uint8, device="cuda")
-        w_out = torch.empty(tokens, heads, dtype=torch.float32, device="cuda")
+        q_fp8 = torch.empty(tokens, heads, head_dim, dtype=torch.uint8, device=DEV)
+        w_out = torch.empty(tokens, heads, dtype=torch.float32, device=DEV)
         fn = fns[e["symbol"]][1]
 
         def run(fn=fn, positions=positions, q=q, cos_sin=cos_sin, weights=weights, q_fp8=q_fp8, w_out=w_out,
@@ -359,7 +362,7 @@ def _compressor_scenario(ratio: int, state_block: int, lengths: list[int], seed:
     ((p + 1) % ratio == 0) get consecutive KV slots, the others -1 (as vLLM's metadata gives them)."""
     import torch
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEV).manual_seed(seed)
     head = 512
     state_width = head * (2 if ratio == 4 else 1)
     blocks_per_req = max(math.ceil(L / state_block) for L in lengths) + 1
@@ -378,18 +381,18 @@ def _compressor_scenario(ratio: int, state_block: int, lengths: list[int], seed:
                 n += 1
             else:
                 kv_slot.append(-1)
-    state_cache = torch.randn(num_state_blocks, state_block, 2 * state_width, generator=g, device="cuda") * 0.5
+    state_cache = torch.randn(num_state_blocks, state_block, 2 * state_width, generator=g, device=DEV) * 0.5
     max_pos = max(lengths) + 1
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2, dtype=torch.float32, device="cuda") / 64))
-    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32, device="cuda"), inv_freq)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 64, 2, dtype=torch.float32, device=DEV) / 64))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32, device=DEV), inv_freq)
     return dict(
         state_cache=state_cache.contiguous(), state_width=state_width, state_block=state_block,
-        positions=torch.tensor(pos, dtype=torch.int64, device="cuda"),
-        token_to_req=torch.tensor(req, dtype=torch.int32, device="cuda"),
-        slot_mapping=torch.tensor(slot, dtype=torch.int64, device="cuda"),
-        kv_slot_mapping=torch.tensor(kv_slot, dtype=torch.int64, device="cuda"),
-        block_table=block_table.cuda(), num_compress=n,
-        rms_w=(torch.rand(head, generator=g, device="cuda") * 0.5 + 0.5).to(torch.bfloat16),
+        positions=torch.tensor(pos, dtype=torch.int64, device=DEV),
+        token_to_req=torch.tensor(req, dtype=torch.int32, device=DEV),
+        slot_mapping=torch.tensor(slot, dtype=torch.int64, device=DEV),
+        kv_slot_mapping=torch.tensor(kv_slot, dtype=torch.int64, device=DEV),
+        block_table=block_table.to(DEV), num_compress=n,
+        rms_w=(torch.rand(head, generator=g, device=DEV) * 0.5 + 0.5).to(torch.bfloat16),
         cos_sin=torch.cat([freqs.cos(), freqs.sin()], dim=-1).contiguous(), eps=1e-6,
     )
 
@@ -399,7 +402,7 @@ def _kv_cache(num_compress: int, kv_block: int, block_stride: int) -> Any:
     import torch
 
     blocks = num_compress // kv_block + 2
-    buf = torch.full((blocks * block_stride,), 0xFF, dtype=torch.uint8, device="cuda")
+    buf = torch.full((blocks * block_stride,), 0xFF, dtype=torch.uint8, device=DEV)
     return torch.as_strided(buf, (blocks, kv_block, 584), (block_stride, 584, 1)), buf
 
 
@@ -480,7 +483,7 @@ def compressor_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[Case]
         _triton_compress(ref_ops, s, ref_kv, 128)
         pooled = _softmax_pool(s, 128)  # float64, boundary rows only
         kv, kv_buf = _kv_cache(s["num_compress"], kv_block, stride0)
-        compressed = torch.empty(s["positions"].shape[0], 512, dtype=torch.float32, device="cuda")
+        compressed = torch.empty(s["positions"].shape[0], 512, dtype=torch.float32, device=DEV)
         f_comp, f_store = fns[comp["symbol"]][1], fns[store["symbol"]][1]
 
         def run_c128(s=s, kv=kv, kv_buf=kv_buf, compressed=compressed, f_comp=f_comp, f_store=f_store) -> None:
@@ -522,6 +525,32 @@ def _softmax_pool(s: dict, ratio: int) -> Any:
     return torch.stack(rows)
 
 
+FAMILIES = (  # the owners each case builder covers
+    (router_cases, ("ll_bf16_gemm_kernel", "ll_bf16_gemm_c1_pdl_kernel")),
+    (dequant_gather_cases, ("_DEQUANT_GATHER_K_CACHE_CUTEDSL_KERNEL",)),
+    (indexer_q_cases, ("_INDEXER_Q_FP8_KERNEL",)),
+    (compressor_cases, ("_SPARSE_ATTN_COMPRESS_NORM_ROPE_STORE_C4_KERNEL", "_SPARSE_ATTN_COMPRESS_C128_BLOCK8_KERNEL",
+                        "_SPARSE_ATTN_NORM_ROPE_STORE_KERNEL")),
+)
+
+
+def build_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[Case]:
+    """Every family's cases; a family whose inputs or reference fail becomes one failing case naming the error
+    (its entries then count as not launched)."""
+    cases = []
+    for build, owners in FAMILIES:
+        try:
+            cases += build(entries, fns) if build is router_cases else build(entries, fns, ref_ops)
+        except Exception as exc:  # noqa: BLE001 - reported as a failed case
+            message = f"building the inputs or the reference failed: {type(exc).__name__}: {str(exc)[:600]}"
+
+            def fail(message: str = message) -> None:
+                raise RuntimeError(message)
+
+            cases.append(Case(f"{build.__name__} ({', '.join(owners)})", [], fail, lambda: {}))
+    return cases
+
+
 # ---------------------------------------------------------------- phase 2: the calls, hooked
 class ProcessCounter:
     def __init__(self) -> None:
@@ -539,6 +568,8 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--link-only", action="store_true", help="no GPU: unpack, verify, link and load every object")
     ap.add_argument("--list-sources", action="store_true")
+    ap.add_argument("--references-only", action="store_true",
+                    help="build every case and compute its reference, call nothing (CPU: TRITON_INTERPRET=1)")
     ap.add_argument("--vllm-src")
     args = ap.parse_args()
     if args.list_sources:
@@ -567,12 +598,29 @@ def main() -> int:
             if hasattr(m, attr):
                 setattr(ref_ops, attr, getattr(m, attr))
     ref_ops.has_cutedsl = importlib.import_module("vllm.utils.import_utils").has_cutedsl  # what vLLM's wrappers ask
+    if args.references_only and cutlass_here:  # the build box (CPU validation): make vLLM's wrappers take Triton
+        for name in REFERENCE_MODULES:
+            if hasattr(sys.modules[name], "has_cutedsl"):
+                sys.modules[name].has_cutedsl = lambda: False
+        ref_ops.has_cutedsl = lambda: False
+    if args.references_only:
+        t1 = time.perf_counter()
+        cases = build_cases(entries, fns, ref_ops)
+        print(f"{len(cases)} cases built, references computed on {DEV} ({time.perf_counter() - t1:.1f}s; "
+              f"{len(finder.loaded)} vLLM files mounted); nothing called")
+        for case in cases:
+            print(f"  {case.name}: {' '.join(s[:22] for s in case.symbols) or 'NO ENTRY (reference failed)'}")
+            if not case.symbols:
+                try:
+                    case.run()
+                except RuntimeError as exc:
+                    print(f"    {exc}")
+        return 0 if all(case.symbols for case in cases) else 1
     torch.cuda.init()
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):  # inputs and references on the stream the calls run on
         t1 = time.perf_counter()
-        cases = (router_cases(entries, fns) + dequant_gather_cases(entries, fns, ref_ops)
-                 + indexer_q_cases(entries, fns, ref_ops) + compressor_cases(entries, fns, ref_ops))
+        cases = build_cases(entries, fns, ref_ops)
         torch.cuda.synchronize()
         print(f"{len(cases)} cases built, references computed ({time.perf_counter() - t1:.1f}s; "
               f"{len(finder.loaded)} vLLM files mounted)", flush=True)

@@ -41,6 +41,10 @@
 #            strict loader as a server seeds them: vLLM's sampling calls and the block-FP8 GEMM (M < 32, TensorRT-LLM's
 #            cubins) vs torch references in FlashInfer's test tolerance, comm modules loaded; C-level process/NVRTC guard
 #            preloaded (tests/gpu/check_flashinfer_launch.py); needs .device-fi (tools/prepare_flashinfer_device.py)
+#   cutedsl-launch  every CuTeDSL entry of .device-cu/cutedsl.nojit launched: each export_to_c object linked here with g++
+#            against CuTeDSL's C runtime and TVM-FFI (the wheel of .device-cu installed into a temporary target), loaded with
+#            tvm_ffi, called as vLLM calls it vs vLLM's Triton paths / float64 references, 0 processes, 0 compiles
+#            (tests/gpu/check_cutedsl_launch.py); needs .device-cu carried (`python tools/prepare_cutedsl_device.py`)
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -212,6 +216,14 @@ PY
         CUDA_DISABLE_PTX_JIT=1 LD_PRELOAD=/tmp/fi-site/libnojit_exec_guard.so \
         python3 tests/gpu/check_flashinfer_launch.py --dir .device-fi --json "$OUT/check_flashinfer_launch.json" \
         2>&1 | tail -120 || rc=1
+      ;;
+    cutedsl-launch)  # .device-cu from tools/prepare_cutedsl_device.py on the CPU box
+      rm -rf /tmp/cu-site
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/cu-site \
+        .device-cu/wheels/apache_tvm_ffi-*.whl || rc=1
+      # the device has no vLLM: its reference modules are mounted from .device-cu/vllm_src (tests/gpu/vllm_mount.py)
+      PYTHONPATH=/tmp/cu-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_cutedsl_launch.py \
+        --dir .device-cu --json "$OUT/check_cutedsl_launch.json" 2>&1 | tail -40 || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
