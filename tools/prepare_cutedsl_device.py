@@ -93,7 +93,7 @@ def copy_reference_sources(out_dir: str) -> dict[str, str]:
 
     pkg = os.path.dirname(importlib.util.find_spec("vllm").origin)  # not imported: the mount needs a fresh process
     p = subprocess.run([sys.executable, CHECK, "--list-sources", "--vllm-src", os.path.dirname(pkg)],
-                       capture_output=True, text=True)
+                       check=False, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{CHECK} --list-sources failed:\n{p.stderr[-3000:]}")
     files = json.loads(p.stdout.strip().splitlines()[-1])["files"]
