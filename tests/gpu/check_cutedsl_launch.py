@@ -539,11 +539,13 @@ FAMILIES = (  # the owners each case builder covers
 )
 
 
-def build_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[Case]:
+def build_cases(entries: list[dict], fns: dict, ref_ops: Any, only: str | None = None) -> list[Case]:
     """Every family's cases; a family whose inputs or reference fail becomes one failing case naming the error
-    (its entries then count as not launched)."""
+    (its entries then count as not launched). `only` (--references-only): a comma list of builder names."""
     cases = []
     for build, owners in FAMILIES:
+        if only and build.__name__ not in only.split(","):
+            continue
         try:
             cases += build(entries, fns) if build is router_cases else build(entries, fns, ref_ops)
         except Exception as exc:  # noqa: BLE001 - reported as a failed case
@@ -575,6 +577,7 @@ def main() -> int:
     ap.add_argument("--list-sources", action="store_true")
     ap.add_argument("--references-only", action="store_true",
                     help="build every case and compute its reference, call nothing (CPU: TRITON_INTERPRET=1)")
+    ap.add_argument("--families", help="with --references-only: only these case builders (comma list)")
     ap.add_argument("--vllm-src")
     args = ap.parse_args()
     if args.list_sources:
@@ -610,7 +613,7 @@ def main() -> int:
         ref_ops.has_cutedsl = lambda: False
     if args.references_only:
         t1 = time.perf_counter()
-        cases = build_cases(entries, fns, ref_ops)
+        cases = build_cases(entries, fns, ref_ops, args.families)
         print(f"{len(cases)} cases built, references computed on {DEV} ({time.perf_counter() - t1:.1f}s; "
               f"{len(finder.loaded)} vLLM files mounted); nothing called")
         for case in cases:
