@@ -223,7 +223,7 @@ PY
         .device-cu/wheels/apache_tvm_ffi-*.whl || rc=1
       # the device has no vLLM: its reference modules are mounted from .device-cu/vllm_src (tests/gpu/vllm_mount.py)
       PYTHONPATH=/tmp/cu-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_cutedsl_launch.py \
-        --dir .device-cu --json "$OUT/check_cutedsl_launch.json" 2>&1 | tail -40 || rc=1
+        --dir .device-cu --json "$OUT/check_cutedsl_launch.json" 2>&1 | tail -50 || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
