@@ -37,7 +37,9 @@ the compiled function for that key (argument order, dtypes, shapes from the key,
         row is compared with a float64 pool + RMSNorm + RoPE (reported; the reference where Triton cannot run:
         vLLM's Triton is within 0.025 / 0.016 of it under the CPU interpreter).
 Outputs are poisoned first (NaN, or 0xFF bytes); an element the reference writes must be written and match, and a
-case where the kernel wrote nothing fails. Every bundled entry is launched at least once.
+case where the kernel wrote nothing fails. Every bundled entry is launched at least once. Control: after each
+comparison one wrong value is put into the kernel's output (a GEMM output + 1, a gathered value x 2, a folded weight
+x 2, a UE8M0 scale one step up) and the same comparison must reject it.
 
 Phases: (1) preparation: the runtime unpacked and checked, each object read through nojit's reader (sha256 against
 the bundle's digest) and linked with g++ (processes: here, before the hook), loaded with tvm_ffi; inputs built and
@@ -179,10 +181,12 @@ def list_sources(vllm_src: str) -> list[str]:
 
 # ---------------------------------------------------------------- cases
 class Case:
-    """One call of one entry: inputs, the call as vLLM makes it, the reference, the comparison."""
+    """One call of one entry: inputs, the call as vLLM makes it, the reference, the comparison, and a control:
+    `spoil` puts one wrong value into the kernel's output, which the comparison must then reject."""
 
-    def __init__(self, name: str, symbols: list[str], run: Callable[[], None], check: Callable[[], dict]) -> None:
-        self.name, self.symbols, self.run, self.check = name, symbols, run, check
+    def __init__(self, name: str, symbols: list[str], run: Callable[[], None], check: Callable[[], dict],
+                 spoil: Callable[[], None] | None = None) -> None:
+        self.name, self.symbols, self.run, self.check, self.spoil = name, symbols, run, check, spoil
 
 
 def _stream_handle() -> int:
@@ -226,7 +230,7 @@ def router_cases(entries: list[dict], fns: dict) -> list[Case]:
 
             cases.append(Case(f"{e['owner']} {k['backend']} M={m} K={kk} N={ROUTER_N}"
                               + (f" bs={k['bs']}" if k["backend"] == "dotprod" else f" sk={k['split_k']} ns={k['num_stages']}"),
-                              [e["symbol"]], run, check))
+                              [e["symbol"]], run, check, lambda out=out: out[0, 0].add_(1.0)))
     return cases
 
 
@@ -300,8 +304,13 @@ def dequant_gather_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[C
             r["ok"] = r["ok"] and r2["ok"]
             return r
 
+        def spoil(out=out, ref=ref) -> None:
+            i = int(torch.nonzero(torch.isfinite(ref.float()).flatten())[0])
+            x = out.view(-1)[i]
+            out.view(-1)[i] = 1.0 if float(x) == 0.0 else float(x) * 2
+
         cases.append(Case(f"dequant_gather_k block={bs} gather_lens={k['has_gather_lens']} offset={offset}",
-                          [e["symbol"]], run, check))
+                          [e["symbol"]], run, check, spoil))
     return cases
 
 
@@ -399,7 +408,7 @@ def indexer_q_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[Case]:
                     "q_bytes_equal_pct": round(100 * float((q_fp8 == ref_q.view(torch.uint8)).float().mean()), 3)}
 
         cases.append(Case(f"indexer_q_fp8 tokens={tokens} coarsen={k['coarsen']} heads={heads}", [e["symbol"]],
-                          run, check))
+                          run, check, lambda w_out=w_out: w_out[0, 0].mul_(2.0)))
     return cases
 
 
@@ -515,6 +524,14 @@ def _compare_rows(kv: Any, ref_rows: Any, n: int) -> dict:
             "ok": written and ref_ok and nope_mean < 5e-2 and rope_max < 5e-2}
 
 
+def _spoil_scale(kv: Any) -> None:
+    """Row 0's first UE8M0 scale one step up (its first 64 NoPE values doubled)."""
+    import torch
+
+    flat = torch.as_strided(kv, (kv.shape[0], kv.stride(0)), (kv.stride(0), 1))
+    flat[0, kv.shape[1] * 576].add_(1)
+
+
 def _row_references(ref_ops: Any, s: dict, ratio: int, kv_block: int, stride0: int) -> tuple[Any, Any, str]:
     """(reference rows, float64 rows, which reference): vLLM's Triton rows dequantized; where Triton cannot run
     here, the float64 rows (softmax pool, RMSNorm, RoPE: the same rule; Triton itself is within 0.025 / 0.016 of
@@ -569,7 +586,7 @@ def compressor_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[Case]
 
         cases.append(Case(f"compress_c4 tokens={s['positions'].shape[0]} rows={s['num_compress']}", [c4["symbol"]],
                           run_c4, lambda kv=kv, ref_rows=ref_rows, f64=f64, n=s["num_compress"], which=which:
-                          _compare_both(kv, ref_rows, f64, n, which)))
+                          _compare_both(kv, ref_rows, f64, n, which), lambda kv=kv: _spoil_scale(kv)))
     comp = by_owner.get("_SPARSE_ATTN_COMPRESS_C128_BLOCK8_KERNEL")
     store = by_owner.get("_SPARSE_ATTN_NORM_ROPE_STORE_KERNEL")
     if comp is not None and store is not None:
@@ -602,7 +619,7 @@ def compressor_cases(entries: list[dict], fns: dict, ref_ops: Any) -> list[Case]
 
         cases.append(Case(f"compress_c128 + norm_rope_store tokens={s['positions'].shape[0]} rows={s['num_compress']} "
                           f"kv_block={kv_block} stride={stride0}", [comp["symbol"], store["symbol"]], run_c128,
-                          check_c128))
+                          check_c128, lambda kv=kv: _spoil_scale(kv)))
     return cases
 
 
@@ -764,6 +781,9 @@ def main() -> int:
                 case.run()
                 torch.cuda.synchronize()
                 r = case.check()
+                if case.spoil is not None:  # the control: one wrong value must be rejected
+                    case.spoil()
+                    r["control_rejected"] = not case.check()["ok"]
             except Exception as exc:  # noqa: BLE001 - reported per case
                 r = {"ok": False, "written": False, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
             r.update(case=case.name, symbols=case.symbols)
@@ -778,11 +798,13 @@ def main() -> int:
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']}: " + ", ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in detail.items()))
     passed = sum(r["ok"] for r in results)
+    controls = [r.get("control_rejected") for r in results if "control_rejected" in r]
     print(f"entries launched: {len(launched)}/{len(entries)}"
           + (f" (not launched: {', '.join(e['owner'] + ' ' + e['symbol'] for e in not_launched)})" if not_launched else ""))
+    print(f"controls (one wrong value put into each case's output): {sum(controls)}/{len(controls)} rejected")
     print(f"processes started during the calls: {len(counter.events)}; compiles: 0 possible (cutlass importable: "
           f"{cutlass_here}, imported: {cutlass_imported}; CUDA_DISABLE_PTX_JIT={os.environ.get('CUDA_DISABLE_PTX_JIT')})")
-    ok = (passed == len(results) and not not_launched and not counter.events and not cutlass_here
+    ok = (passed == len(results) and all(controls) and len(controls) == len(results) and not not_launched and not counter.events and not cutlass_here
           and not cutlass_imported and os.environ.get("CUDA_DISABLE_PTX_JIT") == "1")
     print(f"CUTEDSL-LAUNCH: {'PASS' if ok else 'FAIL'} ({passed}/{len(results)} cases)")
     if args.json:
