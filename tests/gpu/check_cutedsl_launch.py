@@ -59,7 +59,6 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import lzma
 import math
 import os
 import subprocess
@@ -103,7 +102,12 @@ def unpack_runtime(d: str, manifest: dict, work: str) -> str:
         packed = f.read()
     if sha256(packed) != rt["xz_sha256"]:
         raise SystemExit(f"{rt['file']}: sha256 differs from manifest.json (re-run tools/prepare_cutedsl_device.py)")
-    raw = lzma.decompress(packed)
+    try:
+        import lzma
+
+        raw = lzma.decompress(packed)
+    except ImportError:  # a Python built without _lzma: the xz tool (preparation phase, before the hook)
+        raw = subprocess.run(["xz", "-dc"], input=packed, capture_output=True, check=True).stdout
     if sha256(raw) != rt["sha256"]:
         raise SystemExit(f"{RUNTIME_LIB}: unpacked sha256 differs from manifest.json")
     libdir = os.path.join(work, "runtime")
