@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from conftest import ROOT, have, run_cli
 
 pytestmark = pytest.mark.skipif(not (have("vllm") and have("cutlass")), reason="needs vLLM and nvidia-cutlass-dsl")
@@ -191,11 +192,12 @@ def test_record_then_add_keys_serves_the_miss(cute_build, tmp_path):
 def test_a_rebuild_from_the_cache_compiles_nothing_and_writes_the_same_bytes(cute_build, tmp_path):
     """The compile cache (aot/compile_cache.py): the same plan again with the first build's cache starts no
     compile and writes the same bytes; another CuTeDSL version is a miss for every key."""
+    from test_compile_cache import _NoCompiles
+
     from nojit.aot.build import BuildOptions, build
     from nojit.aot.compile_cache import CompileCache
     from nojit.aot.plan import Plan
     from nojit.aot.runtimes.cutedsl import planner
-    from test_compile_cache import _NoCompiles
 
     cache_dir = str(cute_build["dir"] / "cache")
     out = str(tmp_path / "again.nojit")
