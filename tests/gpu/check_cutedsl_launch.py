@@ -44,7 +44,9 @@ x 2, a UE8M0 scale one step up) and the same comparison must reject it.
 Phases: (1) preparation: the runtime unpacked and checked, each object read through nojit's reader (sha256 against
 the bundle's digest) and linked with g++ (processes: here, before the hook), loaded with tvm_ffi; inputs built and
 every reference computed (Triton compiles its reference kernels here). (2) the CuTeDSL calls, with an audit hook
-counting every process start (subprocess, os.exec*, os.posix_spawn, os.system, fork): must be 0. Compiles: none can
+counting every process start (subprocess, os.exec*, os.posix_spawn, os.system, fork): must be 0; device_run.sh also
+runs the check under `strace -f -e execve` where strace exists and counts execve calls between the phase's markers
+(process starts from native code, which no Python hook sees). Compiles: none can
 happen (no CuTeDSL on this machine: `cutlass` is not importable and never imported; the driver's PTX JIT is off with
 CUDA_DISABLE_PTX_JIT=1, so only the embedded SASS can load).
 
@@ -779,6 +781,7 @@ def main() -> int:
         counter = ProcessCounter()
         sys.addaudithook(counter)
         counter.armed = True  # from here on: the CuTeDSL calls only
+        os.access("/nojit-cutedsl-calls-begin", os.F_OK)  # markers for device_run.sh's exec trace (C-level starts)
         results = []
         for case in cases:
             try:
@@ -792,6 +795,7 @@ def main() -> int:
                 r = {"ok": False, "written": False, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
             r.update(case=case.name, symbols=case.symbols)
             results.append(r)
+        os.access("/nojit-cutedsl-calls-end", os.F_OK)
         counter.armed = False
 
     launched = {s for r in results if "error" not in r for s in r["symbols"]}

@@ -222,8 +222,12 @@ PY
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/cu-site \
         .device-cu/wheels/apache_tvm_ffi-*.whl || rc=1
       # the device has no vLLM: its reference modules are mounted from .device-cu/vllm_src (tests/gpu/vllm_mount.py)
-      PYTHONPATH=/tmp/cu-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_cutedsl_launch.py \
+      rm -f "$OUT/cutedsl.strace"; TRACE=()
+      command -v strace >/dev/null && TRACE=(strace -f -qq -e trace=execve,access -o "$OUT/cutedsl.strace")
+      PYTHONPATH=/tmp/cu-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 ${TRACE[@]+"${TRACE[@]}"} python3 tests/gpu/check_cutedsl_launch.py \
         --dir .device-cu --json "$OUT/check_cutedsl_launch.json" 2>&1 | tail -50 || rc=1
+      [ -f "$OUT/cutedsl.strace" ] && echo "processes started during the CuTeDSL calls (execve between the check's markers):" \
+        "$(awk '/nojit-cutedsl-calls-begin/{on=1} /nojit-cutedsl-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/cutedsl.strace")"
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
