@@ -25,6 +25,8 @@ import inspect
 import math
 from typing import Any
 
+import logging
+
 from nojit.loader.errors import LaunchError
 from nojit.loader.triton_key import Key
 
@@ -36,6 +38,7 @@ _INT_WIDTH = {"i32": 1, "i64": 2, "u64": 3}
 _ANNOT_ATTR = {None: 0, "D": 1, "": 2, ("int", 1): 3, ("NoneType", None): 4}
 _PLAIN_TAGS = {"int": int, "bool": bool, "float": float, "str": str}
 
+log = logging.getLogger("nojit")
 _module: Any = None
 _launch_ready = False
 
@@ -58,8 +61,43 @@ def fast_module() -> Any:
         _fastlaunch.tensor_type = torch.Tensor
         _fastlaunch.dtypes = tuple(dtypes[:64])
         _fastlaunch.configure(torch.Tensor, _fastlaunch.dtypes, 0)
+        _fastlaunch.dlpack_status = _setup_dlpack(_fastlaunch, torch)
         _module = _fastlaunch
     return _module
+
+
+def _setup_dlpack(m: Any, torch: Any) -> str:
+    """Let C read tensors (and torch's current stream) through torch's DLPack C exchange API (DLPack 1.x).
+
+    Returns "on M.m" or "off: why"; off (no capsule, another major version, NOJIT_DLPACK=0) leaves the
+    reads through torch's Python API as before, said once in the log.
+    """
+    import os
+    import warnings
+
+    samples = []
+    with warnings.catch_warnings():  # torch warns about its experimental dtypes (complex32, quantized)
+        warnings.simplefilter("ignore")
+        for dtype in m.dtypes:  # the producer's own DLDataType of each dtype, read from an empty tensor
+            try:
+                samples.append(torch.empty(0, dtype=dtype))
+            except Exception:  # a dtype torch cannot allocate (quantized, bits): read through torch
+                samples.append(None)
+    from nojit.loader import torch_cuda
+
+    accessor = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    enable = os.environ.get("NOJIT_DLPACK", "1") != "0"
+    status = m.dlpack_setup(torch.Tensor, tuple(samples), accessor if accessor is torch_cuda.current_stream else None,
+                            enable)
+    if status.startswith("off"):
+        log.info("nojit: tensors are read through torch's Python API, not the DLPack C exchange API (%s)", status)
+    return status
+
+
+def dlpack_status() -> str:
+    """How the C launch path reads tensors: "on M.m" (DLPack C exchange API), "off: why", or "off: not built"."""
+    m = fast_module()
+    return getattr(m, "dlpack_status", "off: not built") if m is not None else "off: not built"
 
 
 def _ensure_launch_entry() -> None:
