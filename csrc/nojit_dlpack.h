@@ -274,10 +274,29 @@ static PyObject *fast_dlpack_launch_device_type(PyObject *self, PyObject *arg) {
   return PyLong_FromLong(prev);
 }
 
+/* dlpack_current_stream(device) -> the stream torch's current_work_stream gives for (kDLCUDA, device), as an int:
+ * what a runner launches on (GPU checks: it is torch.cuda.current_stream(), the capture stream under capture). */
+static PyObject *fast_dlpack_current_stream(PyObject *self, PyObject *arg) {
+  long device = PyLong_AsLong(arg);
+  if (device == -1 && PyErr_Occurred())
+    return NULL;
+  if (!g_dl_stream) {
+    PyErr_SetString(PyExc_RuntimeError, "dlpack_current_stream: no usable DLPack exchange API");
+    return NULL;
+  }
+  void *s = NULL;
+  if (g_dl_stream(NJ_DL_CUDA, (int32_t)device, &s) != 0)
+    return NULL; /* torch's error (no driver, bad device) */
+  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)s);
+}
+
 #define NJ_DLPACK_METHODS                                                                                              \
   {"dlpack_setup", fast_dlpack_setup, METH_VARARGS, "dlpack_setup(tensor_type, samples, stream_accessor, enable)"},  \
       {"dlpack_enable", fast_dlpack_enable, METH_O, "dlpack_enable(flag) -> previous"},                                \
       {"dlpack_read", fast_dlpack_read, METH_O, "dlpack_read(tensor) -> None | (ptr, device, dtype, index, ...)"},     \
       {"dlpack_api_of", fast_dlpack_api_of, METH_O, "dlpack_api_of(type) -> 'on M.m' | 'off: why'"},                   \
       {"dlpack_launch_device_type", fast_dlpack_launch_device_type, METH_O,                                            \
-       "dlpack_launch_device_type(type) -> previous"},
+       "dlpack_launch_device_type(type) -> previous"},                                                                 \
+      {"dlpack_current_stream", fast_dlpack_current_stream, METH_O, "dlpack_current_stream(device) -> stream"},        \
+      {"runner_reads_stream_through_dlpack", fast_runner_dl_stream, METH_O,                                            \
+       "runner_reads_stream_through_dlpack(runner) -> bool"},

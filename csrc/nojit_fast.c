@@ -1135,6 +1135,15 @@ static PyObject *runner_launch(Runner *r, Call *cp, PyObject *const *args, Py_ss
   return res;
 }
 
+/* runner_reads_stream_through_dlpack(runner capsule) -> whether its launches read torch's current stream through
+ * the DLPack exchange API (its get_stream is torch's accessor and the API is on) or through get_stream. */
+static PyObject *fast_runner_dl_stream(PyObject *self, PyObject *capsule) {
+  Runner *r = (Runner *)PyCapsule_GetPointer(capsule, "nojit.fast.runner");
+  if (!r)
+    return NULL;
+  return PyBool_FromLong(g_dl_on && g_dl_stream && r->get_stream == g_dl_stream_accessor);
+}
+
 static PyMethodDef runner_def = {"run", (PyCFunction)(void (*)(void))runner_call, METH_FASTCALL | METH_KEYWORDS,
                                  "run(*args, grid, warmup, **kwargs): nojit's one-call launch of this kernel"};
 
