@@ -11,7 +11,10 @@
  *
  * CUDA-graph safe: no allocation, no synchronisation on the launch path (stack buffers only).
  * Built against the limited API (abi3, 3.10): cffi cannot pass Python objects, and reading
- * tensors here is what removes the per-argument Python work.
+ * tensors here is what removes the per-argument Python work. Tensors (data pointer, device, dtype)
+ * and torch's current stream are read through torch's DLPack C exchange API where it has one
+ * (csrc/nojit_dlpack.h), else through torch's Python API; a tensor read there that is not on the
+ * launch's device is not launched here (the Python path decides, as for every call C declines).
  *
  * Codes (one uint32 per kernel parameter; loader/triton_fast.py computes the same codes from
  * a bundle key, so both sides must change together):
