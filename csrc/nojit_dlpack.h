@@ -75,7 +75,9 @@ static int g_dl_ntypes;
 /* DLDataType (code | bits << 8 | lanes << 16) of each registered torch dtype; 0: none (read through torch) */
 static uint32_t g_dl_dtype[NJ_MAX_DTYPES];
 
-static uint32_t nj_dl_dtype_word(NjDLDataType t) { return (uint32_t)t.code | (uint32_t)t.bits << 8 | (uint32_t)t.lanes << 16; }
+static uint32_t nj_dl_dtype_word(NjDLDataType t) {
+  return (uint32_t)t.code | (uint32_t)t.bits << 8 | (uint32_t)t.lanes << 16;
+}
 
 /* The table of major NJ_DL_MAJOR in the chain starting at h (NULL: none). */
 static const NjDLApi *nj_dl_find(const NjDLApiHeader *h) {

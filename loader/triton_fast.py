@@ -11,8 +11,9 @@ say no, never wrong.
 `run` is a C callable per kernel (`new_runner`): it binds the call's positional and keyword
 arguments to the kernel's parameters, picks the table of the launch options, computes the grid,
 reads torch's device and stream and launches, with no Python frame. Tensors and the stream are read
-through torch's DLPack C exchange API where torch has one (`dlpack_status()`; csrc/nojit_dlpack.h). Calls it hands back (warmup,
-options not seen yet, odd grids, misses) take a generated Python `run` and the server's own.
+through torch's DLPack C exchange API where torch has one (`dlpack_status()`; csrc/nojit_dlpack.h).
+Calls it hands back (warmup, options not seen yet, odd grids, misses) take a generated Python `run` and
+the server's own.
 
 `kernel[grid]` of a prepared kernel is bound in C too (`serve_getitem`): the JITFunction's class is
 swapped for a subclass whose `__getitem__` returns a C callable bound to (runner, grid), so a call
