@@ -136,13 +136,17 @@ def main() -> int:
     jit_same = 0
     for kid, fn, grid, kwargs, bufs, initial, replayed in jit_inputs:  # Triton's own JIT, nojit uninstalled
         runs = []
-        for _ in range(2):
-            for b, i in zip(bufs, initial):
-                b.copy_(i)
-            torch.cuda.synchronize()
-            fn[grid](**kwargs)
-            torch.cuda.synchronize()
-            runs.append([b.clone() for b in bufs])
+        try:
+            for _ in range(2):
+                for b, i in zip(bufs, initial):
+                    b.copy_(i)
+                torch.cuda.synchronize()
+                fn[grid](**kwargs)
+                torch.cuda.synchronize()
+                runs.append([b.clone() for b in bufs])
+        except Exception as exc:  # noqa: BLE001 - the JIT could not run this kernel here: said, not compared
+            print(f"  {kid}: Triton's JIT failed ({type(exc).__name__}: {str(exc)[:200]}): not compared")
+            continue
         same = lambda xs, ys: [i for i, (a, b) in enumerate(zip(xs, ys))  # noqa: E731
                                if not torch.equal(a.view(torch.uint8), b.view(torch.uint8))]
         if same(runs[0], runs[1]):
