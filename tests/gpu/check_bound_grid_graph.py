@@ -117,11 +117,12 @@ def main() -> int:
         if r is not variant:
             failures.append(f"{kid}: the captured call was not served by its exact entry")
             continue
+        torch.cuda.synchronize()
+        # captured, not run: a launch on any stream but the capture stream would have written the buffers now
+        if any(not torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(bufs, initial)):
+            failures.append(f"{kid}: capture ran the kernel (launched off the capture stream)")
         reset()
         torch.cuda.synchronize()
-        after_capture = [b.clone() for b in bufs]
-        if any(not torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(after_capture, initial)):
-            failures.append(f"{kid}: capture ran the kernel (launched off the capture stream)")
         graph.replay()
         torch.cuda.synchronize()
         diff = [i for i, (a, b) in enumerate(zip(eager, bufs)) if not torch.equal(a.view(torch.uint8),
@@ -147,12 +148,12 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - the JIT could not run this kernel here: said, not compared
             print(f"  {kid}: Triton's JIT failed ({type(exc).__name__}: {str(exc)[:200]}): not compared")
             continue
-        same = lambda xs, ys: [i for i, (a, b) in enumerate(zip(xs, ys))  # noqa: E731
-                               if not torch.equal(a.view(torch.uint8), b.view(torch.uint8))]
-        if same(runs[0], runs[1]):
+        differing = lambda xs, ys: [i for i, (a, b) in enumerate(zip(xs, ys))  # noqa: E731
+                                    if not torch.equal(a.view(torch.uint8), b.view(torch.uint8))]
+        if differing(runs[0], runs[1]):
             print(f"  {kid}: the JIT's two runs differ (racy): not compared")
             continue
-        diff = same(runs[0], replayed)
+        diff = differing(runs[0], replayed)
         if diff:
             failures.append(f"{kid}: graph replay differs from Triton's JIT in buffers {diff}")
         else:
