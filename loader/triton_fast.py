@@ -85,12 +85,11 @@ def _setup_dlpack(m: Any, torch: Any) -> str:
                 samples.append(torch.empty(0, dtype=dtype))
             except Exception:  # a dtype torch cannot allocate (quantized, bits): read through torch
                 samples.append(None)
-    from nojit.loader import torch_cuda
-
+    # runners made with torch's raw stream accessor (nojit.loader.torch_cuda.current_stream) read the stream
+    # through the API instead; runners given any other accessor call it
     accessor = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     enable = os.environ.get("NOJIT_DLPACK", "1") != "0"
-    status = m.dlpack_setup(torch.Tensor, tuple(samples), accessor if accessor is torch_cuda.current_stream else None,
-                            enable)
+    status = m.dlpack_setup(torch.Tensor, tuple(samples), accessor, enable)
     if status.startswith("off"):
         log.info("nojit: tensors are read through torch's Python API, not the DLPack C exchange API (%s)", status)
     return status

@@ -299,3 +299,32 @@ def test_tilelang_launch_declines_a_tensor_off_the_launch_device():
         assert m.tl_launch(v._plan, tensors, 1, 77) == 1
     finally:
         m.dlpack_launch_device_type(prev)
+
+
+def test_runners_read_torchs_stream_through_dlpack_only_for_torchs_accessor():
+    """A runner made with torch's raw stream accessor launches on current_work_stream's stream (the same one:
+    checked on the GPU, tests/gpu/test_dlpack_gpu.py); one given any other accessor (the tests' stand-ins)
+    calls that accessor, as before."""
+    from types import SimpleNamespace
+
+    from nojit.loader.triton_fast import make_run
+    from nojit.loader.triton_serving import TritonKernelServer
+
+    base = dict(p=tensor(torch.float32, True), p_noalign=tensor(torch.float32, False),
+                q=tensor(torch.bfloat16, False), n=16, n_dns=1, n_noalign=32, n64=1, scale=1.0, flag=True, x=2.5,
+                maybe_ptr=None, BLOCK=64, MODE="relu")
+    key = theirs(every_kind, base, {})
+    fast, _run, _taken = _runner_for(every_kind, {key: variant_for(key)})  # stand-in accessors
+    assert m.runner_reads_stream_through_dlpack(fast.runner) is False
+    real = TritonFastPath(every_kind, specializer, {key: variant_for(key)})
+    server = SimpleNamespace(fn=every_kind, names=tuple(p.name for p in every_kind.params),
+                             record=SimpleNamespace(id="t"), _options={}, _debug=False, _instrumentation_mode="",
+                             run=lambda *a, **k: None)
+    server.options_key = lambda o: TritonKernelServer.options_key(server, o)
+    make_run(server, real)  # torch's own accessors (nojit.loader.torch_cuda)
+    assert m.runner_reads_stream_through_dlpack(real.runner) is True
+    prev = m.dlpack_enable(False)
+    try:
+        assert m.runner_reads_stream_through_dlpack(real.runner) is False
+    finally:
+        m.dlpack_enable(prev)
