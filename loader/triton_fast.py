@@ -74,7 +74,6 @@ def _setup_dlpack(m: Any, torch: Any) -> str:
     Returns "on M.m" or "off: why"; off (no capsule, another major version, NOJIT_DLPACK=0) leaves the
     reads through torch's Python API as before, said once in the log.
     """
-    import os
     import warnings
 
     samples = []
@@ -88,7 +87,9 @@ def _setup_dlpack(m: Any, torch: Any) -> str:
     # runners made with torch's raw stream accessor (nojit.loader.torch_cuda.current_stream) read the stream
     # through the API instead; runners given any other accessor call it
     accessor = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    enable = os.environ.get("NOJIT_DLPACK", "1") != "0"
+    from nojit.loader.settings import settings
+
+    enable = settings.dlpack
     status = m.dlpack_setup(torch.Tensor, tuple(samples), accessor, enable)
     if status.startswith("off"):
         log.info("nojit: tensors are read through torch's Python API, not the DLPack C exchange API (%s)", status)
