@@ -181,7 +181,7 @@ PY
         $( [ -f .device/tilelang.nojit ] && echo --tilelang-bundle .device/tilelang.nojit ) \
         --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
       # kernel[grid] through the C bound grid: eager == CUDA-graph replay, byte for byte
-      python3 tests/gpu/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -12 || rc=1
+      python3 tests/gpu/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -30 || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
