@@ -149,6 +149,14 @@ def dispatch_and_device(args, smap) -> dict:
                 print(f"  {name}: the call site was not served by its exact entry, skipped")
                 continue
             fast_us = per_call_us(site)
+            fast_torch_us = float("nan")  # the same with tensors and stream read through torch's Python API (before)
+            dlpack = triton_fast.dlpack_status().startswith("on")
+            if dlpack:
+                m.dlpack_enable(False)
+                try:
+                    fast_torch_us = per_call_us(site)
+                finally:
+                    m.dlpack_enable(True)
             # the columns below run with the kernel's own class (Triton's __getitem__ lambda), as before
             triton_fast.restore_getitem(fn)
             lambda_us = per_call_us(site)  # the C runner behind Triton's lambda
@@ -156,7 +164,7 @@ def dispatch_and_device(args, smap) -> dict:
             py_us = per_call_us(site)
             # the C floor: same table, same call, the driver call alone in a C loop
             table = getattr(server, "fast", None) and server.fast.tables.get(key[1])
-            floor_us = launch_us = float("nan")
+            floor_us = launch_us = launch_torch_us = float("nan")
             if table is not None:
                 bound = server._binder(**kwargs)[0]
                 floor_us = statistics.median(m.floor(table, bound, grid, dev, current_stream(dev), 2000) / 1000
@@ -164,12 +172,19 @@ def dispatch_and_device(args, smap) -> dict:
                 torch.cuda.synchronize()
                 # the C launch alone, arguments bound already: classify + pack + driver (no binding, no accessors)
                 stream = current_stream(dev)
-                launch_us = per_call_us(lambda: m.launch(table, bound, grid, dev, stream))
+                launch_us = per_call_us(lambda: m.launch(table, bound, grid, dev, stream))  # DLPack read where on
+                if dlpack:  # the same with each tensor's dtype and data_ptr() read through torch (before)
+                    m.dlpack_enable(False)
+                    try:
+                        launch_torch_us = per_call_us(lambda: m.launch(table, bound, grid, dev, stream))
+                    finally:
+                        m.dlpack_enable(True)
             # what every path pays before nojit's code runs: Triton's __getitem__ lambda and the keywords,
             # with fn.run a C callable that does nothing with them (dict)
             fn.run = dict
             call_us = per_call_us(site)
             access_us = per_call_us(lambda: current_stream(current_device()))
+            access_dl_us = per_call_us(lambda: m.dlpack_current_stream(current_device())) if dlpack else float("nan")
             # Triton's own path, warm: compile this key once (not timed), then time kernel[grid]
             fn.__dict__.pop("run", None)
             fn[grid](**kwargs)
@@ -180,7 +195,8 @@ def dispatch_and_device(args, smap) -> dict:
                 triton_fast.serve_getitem(fn)
             rows.append(dict(kernel=name, nojit=fast_us, python_path=py_us, triton=triton_us, floor=floor_us,
                              call=call_us, accessors=access_us, c_launch=launch_us, lambda_run=lambda_us,
-                             bound_grid=bound_grid))
+                             bound_grid=bound_grid, nojit_torch_read=fast_torch_us, accessors_dlpack=access_dl_us,
+                             c_launch_torch_read=launch_torch_us))
             generic = server.fallback_for(key)
             if generic is not None:
                 bound = server._binder(**kwargs)[0]
@@ -190,18 +206,24 @@ def dispatch_and_device(args, smap) -> dict:
     inst.uninstall()
     print(f"\n== dispatch: host us per kernel[grid](...) call (triton {triton.__version__}, torch {torch.__version__})")
     print("   every column: kernel[grid](name=value, ...) from a call site with literal keywords, as vLLM's are\n"
-          "   nojit: kernel[grid](...) as vLLM calls it (* where __getitem__ is the C bound grid); lambda: the C\n"
-          "   runner (fn.run) behind Triton's own __getitem__ lambda (nojit before the bound grid);\n"
+          "   nojit: kernel[grid](...) as vLLM calls it (* where __getitem__ is the C bound grid), tensors and stream\n"
+          "   read through the DLPack C exchange API; nojit-t: the same with them read through torch's Python API (the\n"
+          "   path before); lambda: the C runner (fn.run) behind Triton's own __getitem__ lambda;\n"
           "   py-path: TritonKernelServer.run; call: Triton's kernel[grid] lambda + the\n"
-          "   keywords into a C callable doing nothing; acc: torch's device + stream accessors; launch: the C launch with\n"
-          "   the arguments bound (classify, pack, driver); floor: the driver call alone in a C loop")
-    print(f"{'kernel / key':58s} {'nojit':>7s} {'lambda':>7s} {'py-path':>7s} {'triton':>7s} {'call':>6s} {'acc':>6s} "
-          f"{'launch':>7s} {'C floor':>7s} {'/floor':>7s} {'/triton':>7s}")
+          "   keywords into a C callable doing nothing; acc: torch's device + stream accessors; acc-dl: torch's device\n"
+          "   accessor + DLPack current_work_stream; launch: the C launch with the arguments bound (DLPack read,\n"
+          "   classify, pack, driver); launch-t: the same with torch's dtype/data_ptr(); floor: the driver call alone\n"
+          f"   in a C loop. Tensors read through: {triton_fast.dlpack_status()}")
+    print(f"{'kernel / key':58s} {'nojit':>7s} {'nojit-t':>7s} {'lambda':>7s} {'py-path':>7s} {'triton':>7s} {'call':>6s} "
+          f"{'acc':>6s} {'acc-dl':>6s} {'launch':>7s} {'launch-t':>8s} {'C floor':>7s} {'/floor':>7s} {'/triton':>7s} "
+          f"{'<=1.5x':>7s} {'<=0.35x':>7s}")
     for r in rows:
-        print(f"{r['kernel'][:58]:58s} {r['nojit']:6.2f}{'*' if r['bound_grid'] else ' '} {r['lambda_run']:7.2f} "
-              f"{r['python_path']:7.2f} {r['triton']:7.2f} {r['call']:6.2f} "
-              f"{r['accessors']:6.2f} {r['c_launch']:7.2f} {r['floor']:7.2f} {r['nojit'] / r['floor']:7.2f} "
-              f"{r['nojit'] / r['triton']:7.2f}")
+        f, t = r["nojit"] / r["floor"], r["nojit"] / r["triton"]
+        print(f"{r['kernel'][:58]:58s} {r['nojit']:6.2f}{'*' if r['bound_grid'] else ' '} {r['nojit_torch_read']:7.2f} "
+              f"{r['lambda_run']:7.2f} {r['python_path']:7.2f} {r['triton']:7.2f} {r['call']:6.2f} "
+              f"{r['accessors']:6.2f} {r['accessors_dlpack']:6.2f} {r['c_launch']:7.2f} {r['c_launch_torch_read']:8.2f} "
+              f"{r['floor']:7.2f} {f:7.2f} {t:7.2f} {'MET' if f <= 1.5 else 'NOT MET':>7s} "
+              f"{'MET' if t <= 0.35 else 'NOT MET':>7s}")
     if rows:
         worst_floor = max(r["nojit"] / r["floor"] for r in rows)
         worst_triton = max(r["nojit"] / r["triton"] for r in rows)

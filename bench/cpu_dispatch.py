@@ -18,6 +18,9 @@ options, a grid callable), host us per `kernel[grid](...)` (best batch: the box 
   launch    the C launch alone with the arguments bound already (m.launch(table, bound, grid, ...));
   no-op     `fn.run` a Python lambda that does nothing: Triton's own lambda and the keyword passing alone;
   floor     the no-op driver call in a C loop (m.floor).
+Tensors are read through torch's DLPack C exchange API where torch has one (csrc/nojit_dlpack.h); the
+`-torch` columns time the same calls with that read off (torch's `dtype` and `data_ptr()`: the path before).
+Streams: the stand-in accessor here, so the DLPack stream read is timed on the H200 only.
 The H200 numbers (real driver, real torch accessors) come from bench/bench_fastpath.py.
 """
 
@@ -105,6 +108,8 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="nojit-cpu-dispatch-")
     addr, _keep = noop_launch_address(tmp)
     m.configure(m.tensor_type, m.dtypes, addr)
+    m.dlpack_launch_device_type(1)  # the no-op driver takes these CPU tensors (kDLCPU)
+    dlpack = triton_fast.dlpack_status().startswith("on")
 
     @triton.jit
     def small(out_ptr, in_ptr, n, BLOCK: tl.constexpr = 128):
@@ -122,8 +127,9 @@ def main() -> int:
     ]
     print(f"== CPU dispatch: host us per kernel[grid](...) call (no-op driver; python {sys.version.split()[0]}, "
           f"torch {torch.__version__}, triton {triton.__version__})")
+    print(f"   tensors read through: {triton_fast.dlpack_status()}")
     print(f"{'call':40s} {'site':>7s} {'bound':>7s} {'lambda':>7s} {'c-run':>7s} {'py-run':>7s} {'launch':>7s} {'no-op':>7s} "
-          f"{'floor':>7s}")
+          f"{'floor':>7s} {'site-torch':>10s} {'bound-torch':>11s} {'launch-torch':>12s}")
     for name, fn, pos, kw, options, grid in cases:
         sig_kwargs = dict(zip([p.name for p in fn.params], pos)) | kw
         for p in fn.params:  # the key is the call's, defaults included
@@ -143,6 +149,16 @@ def main() -> int:
         site = call_site(fn, grid, {**kw, **options}, pos)
         assert site() is variant, name
         site_us = per_call_us(site, args.calls)
+        site_torch_us = bound_torch_us = launch_torch_us = float("nan")
+        bound_call = lambda: fn[grid](*pos, **kw, **options)  # noqa: E731
+        if dlpack:  # the same calls with tensors read through torch's Python API (the path before)
+            m.dlpack_enable(False)
+            try:
+                assert site() is variant, name
+                site_torch_us = per_call_us(site, args.calls)
+                bound_torch_us = per_call_us(bound_call, args.calls)
+            finally:
+                m.dlpack_enable(True)
         triton_fast.restore_getitem(fn)
         fn.run = fast.general
         assert launcher(*pos, **kw, **options) is variant, name
@@ -151,12 +167,18 @@ def main() -> int:
         bound = tuple(sig_kwargs[p.name] for p in fn.params)
         g = grid if isinstance(grid, tuple) else grid(None)
         launch_us = per_call_us(lambda: m.launch(table, bound, g, 0, 0), args.calls)
+        if dlpack:
+            m.dlpack_enable(False)
+            try:
+                launch_torch_us = per_call_us(lambda: m.launch(table, bound, g, 0, 0), args.calls)
+            finally:
+                m.dlpack_enable(True)
         floor_us = statistics.median(m.floor(table, bound, g, 0, 0, 100000) / 1000 for _ in range(5))
         fn.run = lambda *a, **k: variant
         none_us = per_call_us(lambda: launcher(*pos, **kw, **options), args.calls)
         del fn.run
         print(f"{name:40s} {site_us:7.3f} {bound_us:7.3f} {lambda_us:7.3f} {c_us:7.3f} {py_us:7.3f} {launch_us:7.3f} "
-              f"{none_us:7.3f} {floor_us:7.3f}")
+              f"{none_us:7.3f} {floor_us:7.3f} {site_torch_us:10.3f} {bound_torch_us:11.3f} {launch_torch_us:12.3f}")
     return 0
 
 

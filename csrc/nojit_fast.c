@@ -11,7 +11,10 @@
  *
  * CUDA-graph safe: no allocation, no synchronisation on the launch path (stack buffers only).
  * Built against the limited API (abi3, 3.10): cffi cannot pass Python objects, and reading
- * tensors here is what removes the per-argument Python work.
+ * tensors here is what removes the per-argument Python work. Tensors (data pointer, device, dtype)
+ * and torch's current stream are read through torch's DLPack C exchange API where it has one
+ * (csrc/nojit_dlpack.h), else through torch's Python API; a tensor read there that is not on the
+ * launch's device is not launched here (the Python path decides, as for every call C declines).
  *
  * Codes (one uint32 per kernel parameter; loader/triton_fast.py computes the same codes from
  * a bundle key, so both sides must change together):
@@ -83,7 +86,19 @@ typedef struct {
 typedef struct {
   uint64_t raw; /* data_ptr, integer bits, or double bits */
   int is_float;  /* 1: raw holds a double; 2: raw is an unsigned integer above INT64_MAX */
+  int32_t dev_type, dev_id; /* a tensor read through DLPack: its device (dev_type 0: not known) */
 } Value;
+
+#include "nojit_dlpack.h"
+
+/* 0 where every tensor whose device is known is on the launch's device (device type g_dl_launch_type, id
+ * `device`); -1: one is not (a CPU tensor, another GPU): not launched here, the Python path decides. */
+static int devices_ok(const Table *t, const Value *values, long device) {
+  for (int i = 0; i < t->nparams; i++)
+    if (values[i].dev_type && (values[i].dev_type != g_dl_launch_type || values[i].dev_id != device))
+      return -1;
+  return 0;
+}
 
 static uint64_t hash_codes(const uint32_t *codes, int n) {
   uint64_t h = 1469598103934665603ull;
@@ -131,11 +146,19 @@ static PyObject *fast_configure(PyObject *self, PyObject *args) {
   Py_XINCREF(tensor_type);
   Py_XDECREF(g_tensor_type);
   g_tensor_type = tensor_type;
+  int same = n == g_ndtypes;
+  PyObject *given[NJ_MAX_DTYPES];
+  for (Py_ssize_t i = 0; i < n; i++) {
+    given[i] = PySequence_GetItem(dtypes, i);
+    same = same && given[i] == g_dtypes[i];
+  }
   for (int i = 0; i < g_ndtypes; i++)
     Py_CLEAR(g_dtypes[i]);
   for (Py_ssize_t i = 0; i < n; i++)
-    g_dtypes[i] = PySequence_GetItem(dtypes, i);
+    g_dtypes[i] = given[i];
   g_ndtypes = (int)n;
+  if (!same) /* the DLPack dtype map was of other dtypes: read dtypes through torch until dlpack_setup again */
+    memset(g_dl_dtype, 0, sizeof(g_dl_dtype));
   g_launch = (fn_cuLaunchKernelEx)(uintptr_t)launch_addr;
   Py_RETURN_NONE;
 }
@@ -327,27 +350,29 @@ static int int_code(const Param *p, PyObject *v, Value *out) {
 }
 
 static int tensor_code(const Param *p, PyObject *v, Value *out) {
-  PyObject *dtype = PyObject_GetAttr(v, g_s_dtype);
-  if (!dtype) {
-    PyErr_Clear();
-    return -1;
-  }
-  int d = 0;
-  while (d < g_ndtypes && g_dtypes[d] != dtype)
-    d++;
-  Py_DECREF(dtype); /* the registered dtypes keep it alive; only identity was needed */
-  if (d == g_ndtypes)
-    return -1;
-  PyObject *ptr = PyObject_CallMethodObjArgs(v, g_s_data_ptr, NULL);
-  if (!ptr) {
-    PyErr_Clear();
-    return -1;
-  }
-  unsigned long long u = PyLong_AsUnsignedLongLong(ptr);
-  Py_DECREF(ptr);
-  if (u == (unsigned long long)-1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return -1;
+  int d;
+  unsigned long long u;
+  NjDLTensor dl;
+  if (nj_dl_read(v, &dl) == 0 && (d = nj_dl_dtype_index(dl.dtype)) != -1) {
+    u = (unsigned long long)((uintptr_t)dl.data + dl.byte_offset); /* = data_ptr() */
+    out->dev_type = dl.device.device_type;
+    out->dev_id = dl.device.device_id;
+    if (d == -2 && (d = nj_torch_dtype_index(v)) < 0) /* int8 or int1..int7: torch says which */
+      return -1;
+  } else { /* no API, or a dtype DLPack has no code for: torch's accessors */
+    if ((d = nj_torch_dtype_index(v)) < 0)
+      return -1;
+    PyObject *ptr = PyObject_CallMethodObjArgs(v, g_s_data_ptr, NULL);
+    if (!ptr) {
+      PyErr_Clear();
+      return -1;
+    }
+    u = PyLong_AsUnsignedLongLong(ptr);
+    Py_DECREF(ptr);
+    if (u == (unsigned long long)-1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      return -1;
+    }
   }
   out->raw = (uint64_t)u;
   int attr = !p->specialize ? 0 : (p->align && !(u & 15)) ? 1 : 2;
@@ -358,6 +383,7 @@ static int tensor_code(const Param *p, PyObject *v, Value *out) {
 static int plain_code(const Param *p, PyObject *v, Value *out) {
   out->is_float = 0;
   out->raw = 0;
+  out->dev_type = out->dev_id = 0;
   if (v == Py_None)
     return C_NONE;
   if (v == Py_True || v == Py_False) {
@@ -414,6 +440,7 @@ static int classify_array(const Table *t, PyObject *const *bound, uint32_t *code
       codes[i] = 1 + (uint32_t)c;
       values[i].raw = 0;
       values[i].is_float = 0;
+      values[i].dev_type = values[i].dev_id = 0;
       continue;
     }
     int code = plain_code(p, v, &values[i]);
@@ -620,7 +647,7 @@ static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t n
   unsigned long long stream = PyLong_AsUnsignedLongLong(args[4]);
   if (PyErr_Occurred())
     return NULL;
-  if (device < 0 || device >= NJ_MAX_DEVICES)
+  if (device < 0 || device >= NJ_MAX_DEVICES || devices_ok(t, values, device))
     Py_RETURN_NONE;
   uint64_t function = e->function[device];
   if (!function || !g_launch)
@@ -1028,16 +1055,32 @@ static PyObject *runner_launch(Runner *r, Call *cp, PyObject *const *args, Py_ss
   PyObject *devobj = PyObject_CallNoArgs(r->get_device);
   long device = devobj ? PyLong_AsLong(devobj) : -1;
   PyObject *stream_obj = NULL;
+  unsigned long long stream = 0;
+  int have_stream = 0;
   if (devobj && !PyErr_Occurred() && device >= 0 && device < NJ_MAX_DEVICES) {
-    if (!r->device_args[device])
-      r->device_args[device] = PyTuple_Pack(1, devobj);
-    if (r->device_args[device])
-      stream_obj = PyObject_Call(r->get_stream, r->device_args[device], NULL);
+    void *s = NULL;
+    if (g_dl_on && g_dl_stream && r->get_stream == g_dl_stream_accessor) {
+      /* torch's current stream through DLPack: the stream torch.cuda.current_stream() names (the capture
+       * stream while a graph is captured); where it fails, torch's accessor below says why */
+      if (g_dl_stream(NJ_DL_CUDA, (int32_t)device, &s) == 0) {
+        stream = (unsigned long long)(uintptr_t)s;
+        have_stream = 1;
+      } else {
+        PyErr_Clear();
+      }
+    }
+    if (!have_stream) {
+      if (!r->device_args[device])
+        r->device_args[device] = PyTuple_Pack(1, devobj);
+      if (r->device_args[device])
+        stream_obj = PyObject_Call(r->get_stream, r->device_args[device], NULL);
+      stream = stream_obj ? PyLong_AsUnsignedLongLong(stream_obj) : 0;
+      have_stream = stream_obj != NULL;
+    }
   }
-  unsigned long long stream = stream_obj ? PyLong_AsUnsignedLongLong(stream_obj) : 0;
   Py_XDECREF(devobj);
   Py_XDECREF(stream_obj);
-  if (!stream_obj || PyErr_Occurred()) {
+  if (!have_stream || PyErr_Occurred()) {
     Py_DECREF(grid);
     if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_RuntimeError))
       return NULL;
@@ -1048,7 +1091,7 @@ static PyObject *runner_launch(Runner *r, Call *cp, PyObject *const *args, Py_ss
   uint32_t codes[NJ_MAX_PARAMS];
   Value values[NJ_MAX_PARAMS];
   int idx = -1;
-  if (classify_array(t, cp->bound, codes, values) == 0)
+  if (classify_array(t, cp->bound, codes, values) == 0 && devices_ok(t, values, device) == 0)
     idx = find_entry(t, codes);
   if (idx < 0) {
     Py_DECREF(grid);
@@ -1093,6 +1136,15 @@ static PyObject *runner_launch(Runner *r, Call *cp, PyObject *const *args, Py_ss
   Py_XDECREF(options);
   Py_DECREF(grid);
   return res;
+}
+
+/* runner_reads_stream_through_dlpack(runner capsule) -> whether its launches read torch's current stream through
+ * the DLPack exchange API (its get_stream is torch's accessor and the API is on) or through get_stream. */
+static PyObject *fast_runner_dl_stream(PyObject *self, PyObject *capsule) {
+  Runner *r = (Runner *)PyCapsule_GetPointer(capsule, "nojit.fast.runner");
+  if (!r)
+    return NULL;
+  return PyBool_FromLong(g_dl_on && g_dl_stream && r->get_stream == g_dl_stream_accessor);
 }
 
 static PyMethodDef runner_def = {"run", (PyCFunction)(void (*)(void))runner_call, METH_FASTCALL | METH_KEYWORDS,
@@ -1295,6 +1347,7 @@ static PyMethodDef methods[] = {
      "bind_grid(fn, grid, fallback) -> kernel[grid] bound in C (or fallback(fn, grid))"},
     {"floor", fast_floor, METH_VARARGS, "floor(table, bound, grid, device, stream, iterations) -> ns per launch"},
     NJ_TILELANG_METHODS
+    NJ_DLPACK_METHODS
     {NULL, NULL, 0, NULL},
 };
 
@@ -1307,6 +1360,7 @@ PyMODINIT_FUNC PyInit__fastlaunch(void) {
   g_s_grid = PyUnicode_InternFromString("grid");
   g_s_warmup = PyUnicode_InternFromString("warmup");
   NJ_TILELANG_INIT();
+  g_s_dl_attr = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
   g_s_run = PyUnicode_InternFromString("run");
   return PyModule_Create(&module);
 }

@@ -26,6 +26,7 @@ typedef struct {
   int nchecks;
   int check_index[TL_MAX_TENSORS], check_ndim[TL_MAX_TENSORS];
   PyObject *check_dtype[TL_MAX_TENSORS];
+  int check_dtype_index[TL_MAX_TENSORS]; /* its index among the registered dtypes (-1: none) */
   int nvars;
   int var_tensor[TL_MAX_VARS], var_dim[TL_MAX_VARS];
   int prog_len[6];
@@ -145,6 +146,10 @@ static PyObject *fast_tl_new(PyObject *self, PyObject *args) {
     }
     Py_INCREF(dtype);
     p->check_index[i] = idx, p->check_dtype[i] = dtype, p->check_ndim[i] = ndim;
+    p->check_dtype_index[i] = -1;
+    for (int d = 0; d < g_ndtypes; d++)
+      if (g_dtypes[d] == dtype)
+        p->check_dtype_index[i] = d;
     p->nchecks = (int)i + 1;
   }
   for (Py_ssize_t i = 0; i < nv; i++) {
@@ -263,21 +268,75 @@ static int tl_eval(const TlPlan *p, int slot, const int64_t *vals, uint32_t *out
   return 0;
 }
 
+#define TL_MAX_DIMS 16
+
+/* One tensor of a call as read through DLPack (state 1), or to be read through torch (state 2); 0: not read yet.
+ * The DLTensor's shape and strides are the producer's and valid only until Python runs: copied here at once. */
+typedef struct {
+  int state, dtype_index, ndim, contiguous;
+  uint64_t ptr;
+  int32_t dev_type, dev_id;
+  int64_t shape[TL_MAX_DIMS];
+} TlRead;
+
+static TlRead *tl_read(PyObject *x, TlRead *r) {
+  if (r->state)
+    return r;
+  NjDLTensor dl;
+  r->state = 2;
+  if (nj_dl_read(x, &dl) || dl.ndim < 0 || dl.ndim > TL_MAX_DIMS || (dl.ndim && (!dl.shape || !dl.strides)) ||
+      (r->dtype_index = nj_dl_dtype_index(dl.dtype)) == -1)
+    return r;
+  r->state = 1;
+  r->ndim = dl.ndim;
+  r->ptr = (uint64_t)((uintptr_t)dl.data + dl.byte_offset);
+  r->dev_type = dl.device.device_type, r->dev_id = dl.device.device_id;
+  int64_t numel = 1;
+  for (int d = 0; d < dl.ndim; d++) {
+    r->shape[d] = dl.shape[d];
+    numel = dl.shape[d] ? numel : 0;
+  }
+  /* torch's is_contiguous(): every size-1 dimension's stride ignored, an empty tensor contiguous */
+  int64_t expected = 1;
+  r->contiguous = 1;
+  for (int d = dl.ndim - 1; numel && d >= 0; d--) {
+    if (dl.shape[d] == 1)
+      continue;
+    if (dl.strides[d] != expected) {
+      r->contiguous = 0;
+      break;
+    }
+    expected *= dl.shape[d];
+  }
+  if (r->dtype_index == -2 && (r->dtype_index = nj_torch_dtype_index(x)) < 0) /* int8 or int1..int7: ask torch */
+    r->state = 2;
+  return r;
+}
+
 /* Checks, shapes, pointers, geometry and packed parameters of one call.
  * 0: ready; 1: declined (the Python path decides); 2: an empty grid (nothing to launch). No exception is left set. */
-static int tl_prepare(const TlPlan *p, PyObject *tensors, uint32_t dims[6], uint64_t *slots) {
+static int tl_prepare(const TlPlan *p, PyObject *tensors, long device, uint32_t dims[6], uint64_t *slots) {
   if (!PyTuple_Check(tensors) || PyTuple_Size(tensors) != p->ntensors)
     return 1;
   PyObject *const *t = NULL;
   PyObject *items[TL_MAX_TENSORS];
-  for (int i = 0; i < p->ntensors; i++)
+  TlRead rd[TL_MAX_TENSORS];
+  for (int i = 0; i < p->ntensors; i++) {
     items[i] = PyTuple_GetItem(tensors, i);
+    rd[i].state = 0;
+  }
   t = items;
   int rc = 1;
   for (int c = 0; c < p->nchecks; c++) {
     PyObject *x = t[p->check_index[c]];
     if (!tl_is_tensor(x))
       goto out;
+    TlRead *r = tl_read(x, &rd[p->check_index[c]]);
+    if (r->state == 1) {
+      if (r->dtype_index != p->check_dtype_index[c] || r->ndim != p->check_ndim[c] || !r->contiguous)
+        goto out;
+      continue;
+    }
     PyObject *dtype = PyObject_GetAttr(x, g_s_dtype);
     Py_XDECREF(dtype);
     if (dtype != p->check_dtype[c])
@@ -300,6 +359,13 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, uint32_t dims[6], uint
     PyObject *x = t[p->var_tensor[v]];
     if (!tl_is_tensor(x))
       goto out_shape;
+    TlRead *r = tl_read(x, &rd[p->var_tensor[v]]);
+    if (r->state == 1) {
+      if (r->ndim <= p->var_dim[v] || r->shape[p->var_dim[v]] < 0)
+        goto out_shape;
+      vals[v] = r->shape[p->var_dim[v]];
+      continue;
+    }
     if (shape_of != p->var_tensor[v]) {
       Py_XDECREF(shape);
       shape = PyObject_GetAttr(x, g_s_shape);
@@ -328,7 +394,13 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, uint32_t dims[6], uint
       goto out;
   for (int a = 0; a < p->nparams; a++) {
     if (p->param_kind[a] == 0) {
-      PyObject *ptr = PyObject_CallMethodObjArgs(t[p->param_ref[a]], g_s_data_ptr, NULL);
+      PyObject *x = t[p->param_ref[a]];
+      TlRead *r = tl_is_tensor(x) ? tl_read(x, &rd[p->param_ref[a]]) : NULL;
+      if (r && r->state == 1) {
+        slots[a] = r->ptr;
+        continue;
+      }
+      PyObject *ptr = PyObject_CallMethodObjArgs(x, g_s_data_ptr, NULL);
       if (!ptr)
         goto out;
       unsigned long long u = PyLong_Check(ptr) ? PyLong_AsUnsignedLongLong(ptr) : (unsigned long long)-1;
@@ -347,6 +419,10 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, uint32_t dims[6], uint
       }
     }
   }
+  /* every tensor read through DLPack is on the launch's device (a CPU tensor, another GPU: the Python path) */
+  for (int i = 0; device >= 0 && i < p->ntensors; i++)
+    if (rd[i].state == 1 && (rd[i].dev_type != g_dl_launch_type || rd[i].dev_id != device))
+      goto out;
   rc = 0;
   goto out;
 out_shape:
@@ -411,7 +487,7 @@ static PyObject *fast_tl_launch(PyObject *self, PyObject *const *args, Py_ssize_
     return PyLong_FromLong(1);
   uint32_t dims[6];
   uint64_t slots[NJ_MAX_PARAMS];
-  int rc = tl_prepare(p, args[1], dims, slots);
+  int rc = tl_prepare(p, args[1], device, dims, slots);
   if (rc)
     return PyLong_FromLong(rc == 2 ? 0 : 1);
   uint64_t function = p->function[device];
@@ -453,7 +529,7 @@ static PyObject *fast_tl_pack(PyObject *self, PyObject *args) {
     return NULL;
   uint32_t d[6];
   uint64_t slots[NJ_MAX_PARAMS];
-  int rc = tl_prepare(p, tensors, d, slots);
+  int rc = tl_prepare(p, tensors, -1, d, slots);
   if (rc == 1)
     Py_RETURN_NONE;
   if (rc == 2)
@@ -475,7 +551,7 @@ static PyObject *fast_tl_floor(PyObject *self, PyObject *args) {
     return NULL;
   uint32_t dims[6];
   uint64_t slots[NJ_MAX_PARAMS];
-  if (device < 0 || device >= NJ_MAX_DEVICES || iterations < 1 || tl_prepare(p, tensors, dims, slots) ||
+  if (device < 0 || device >= NJ_MAX_DEVICES || iterations < 1 || tl_prepare(p, tensors, device, dims, slots) ||
       !p->function[device] || !g_launch) {
     PyErr_SetString(PyExc_ValueError, "tl_floor: the call is not launchable by the C path");
     return NULL;

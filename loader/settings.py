@@ -119,6 +119,9 @@ class Settings:
     quiet = _Bool("NOJIT_QUIET", False, "Suppress the one-line summary the loader logs at install.")
     fast_path = _Bool("NOJIT_FAST_PATH", True,
                       "Launch exact Triton entries and TileLang variants with one C call (off: the Python path only).")
+    dlpack = _Bool("NOJIT_DLPACK", True,
+                   "The C launch path reads tensors and torch's current stream through torch's DLPack C exchange API "
+                   "where torch has one (off: through torch's Python API).")
 
 
 settings = Settings()

@@ -10,8 +10,10 @@ say no, never wrong.
 
 `run` is a C callable per kernel (`new_runner`): it binds the call's positional and keyword
 arguments to the kernel's parameters, picks the table of the launch options, computes the grid,
-reads torch's device and stream and launches, with no Python frame. Calls it hands back (warmup,
-options not seen yet, odd grids, misses) take a generated Python `run` and the server's own.
+reads torch's device and stream and launches, with no Python frame. Tensors and the stream are read
+through torch's DLPack C exchange API where torch has one (`dlpack_status()`; csrc/nojit_dlpack.h).
+Calls it hands back (warmup, options not seen yet, odd grids, misses) take a generated Python `run` and
+the server's own.
 
 `kernel[grid]` of a prepared kernel is bound in C too (`serve_getitem`): the JITFunction's class is
 swapped for a subclass whose `__getitem__` returns a C callable bound to (runner, grid), so a call
@@ -25,6 +27,8 @@ import inspect
 import math
 from typing import Any
 
+import logging
+
 from nojit.loader.errors import LaunchError
 from nojit.loader.triton_key import Key
 
@@ -36,6 +40,7 @@ _INT_WIDTH = {"i32": 1, "i64": 2, "u64": 3}
 _ANNOT_ATTR = {None: 0, "D": 1, "": 2, ("int", 1): 3, ("NoneType", None): 4}
 _PLAIN_TAGS = {"int": int, "bool": bool, "float": float, "str": str}
 
+log = logging.getLogger("nojit")
 _module: Any = None
 _launch_ready = False
 
@@ -58,8 +63,43 @@ def fast_module() -> Any:
         _fastlaunch.tensor_type = torch.Tensor
         _fastlaunch.dtypes = tuple(dtypes[:64])
         _fastlaunch.configure(torch.Tensor, _fastlaunch.dtypes, 0)
+        _fastlaunch.dlpack_status = _setup_dlpack(_fastlaunch, torch)
         _module = _fastlaunch
     return _module
+
+
+def _setup_dlpack(m: Any, torch: Any) -> str:
+    """Let C read tensors (and torch's current stream) through torch's DLPack C exchange API (DLPack 1.x).
+
+    Returns "on M.m" or "off: why"; off (no capsule, another major version, NOJIT_DLPACK=0) leaves the
+    reads through torch's Python API as before, said once in the log.
+    """
+    import warnings
+
+    samples = []
+    with warnings.catch_warnings():  # torch warns about its experimental dtypes (complex32, quantized)
+        warnings.simplefilter("ignore")
+        for dtype in m.dtypes:  # the producer's own DLDataType of each dtype, read from an empty tensor
+            try:
+                samples.append(torch.empty(0, dtype=dtype))
+            except Exception:  # a dtype torch cannot allocate (quantized, bits): read through torch
+                samples.append(None)
+    # runners made with torch's raw stream accessor (nojit.loader.torch_cuda.current_stream) read the stream
+    # through the API instead; runners given any other accessor call it
+    accessor = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    from nojit.loader.settings import settings
+
+    enable = settings.dlpack
+    status = m.dlpack_setup(torch.Tensor, tuple(samples), accessor, enable)
+    if status.startswith("off"):
+        log.info("nojit: tensors are read through torch's Python API, not the DLPack C exchange API (%s)", status)
+    return status
+
+
+def dlpack_status() -> str:
+    """How the C launch path reads tensors: "on M.m" (DLPack C exchange API), "off: why", or "off: not built"."""
+    m = fast_module()
+    return getattr(m, "dlpack_status", "off: not built") if m is not None else "off: not built"
 
 
 def _ensure_launch_entry() -> None:

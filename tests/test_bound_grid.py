@@ -52,10 +52,12 @@ def recorder(tmp_path_factory):
     lib = ctypes.CDLL(str(d / "librec.so"))
     m = fast_module()
     m.configure(m.tensor_type, m.dtypes, ctypes.cast(lib.rec_launch, ctypes.c_void_p).value)
+    device_type = m.dlpack_launch_device_type(1)  # the recording driver takes CPU tensors (kDLCPU)
     try:
         yield lib
     finally:
         m.configure(m.tensor_type, m.dtypes, 0)
+        m.dlpack_launch_device_type(device_type)
         triton_fast._launch_ready = False
 
 

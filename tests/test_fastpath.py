@@ -397,6 +397,7 @@ def test_the_runner_launches_through_the_driver_entry_with_grid_callables_and_op
     fast, run, taken = _runner_for(every_kind, {key: variant, key8: variant8})
     import nojit.loader.torch_cuda as tc
 
+    device_type = m.dlpack_launch_device_type(1)  # the recording driver takes CPU tensors (kDLCPU)
     try:
         m.configure(m.tensor_type, m.dtypes, ctypes.cast(lib.rec_launch, ctypes.c_void_p).value)
         for t in fast.tables.values():
@@ -418,6 +419,7 @@ def test_the_runner_launches_through_the_driver_entry_with_grid_callables_and_op
         from nojit.loader import triton_fast
 
         m.configure(m.tensor_type, m.dtypes, 0)
+        m.dlpack_launch_device_type(device_type)
         triton_fast._launch_ready = False
 
 

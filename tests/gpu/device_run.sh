@@ -198,7 +198,7 @@ PY
         $( [ -f .device/tilelang.nojit ] && echo --tilelang-bundle .device/tilelang.nojit ) \
         --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
       # kernel[grid] through the C bound grid: eager == CUDA-graph replay, byte for byte
-      python3 tests/gpu/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -12 || rc=1
+      python3 tests/gpu/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -30 || rc=1
       ;;
     flashinfer-launch)  # .device-fi from tools/prepare_flashinfer_device.py, carried with .whl only
       rm -rf /tmp/fi-site && mkdir -p /tmp/fi-site
