@@ -25,6 +25,7 @@ from nojit.loader.errors import BundleMismatchError, LaunchError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, TritonLaunch
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.torch_cuda import current_device, current_stream
+from nojit.loader.source_parts import unchanged_since_build
 from nojit.loader.versions import check_source
 from nojit.loader.triton_key import (
     ArgSpecializer,
@@ -198,7 +199,10 @@ class TritonKernelServer:
             if self._ready:
                 return
             kid = self.record.id
-            if not check_source(kid, self.record.source_hash, self.fn.cache_key, self.bundle.path, self._allow):
+            # The build's record of what the key was made of proves an unchanged source without Triton's
+            # AST walk; anything it cannot prove is decided by Triton's own cache_key, as before.
+            if not unchanged_since_build(self.fn, self.record.info.get("source_parts"), self.record.source_hash) and \
+                    not check_source(kid, self.record.source_hash, self.fn.cache_key, self.bundle.path, self._allow):
                 self._differences.append(f"source: {kid} changed since the bundle was built")
                 log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)",
                             kid)
