@@ -459,7 +459,9 @@ class KernelRecord:
     id is "module:qualname" (never the bare function name: many vLLM kernels are named
     `kernel`). source_hash is Triton's `JITFunction.cache_key` (source plus dependencies)
     or, for TileLang, the sha256 of the kernel function's source text; the loader refuses
-    to serve a kernel whose live source no longer has this digest.
+    to serve a kernel whose live source no longer has this digest. A Triton kernel's info may hold
+    `source_parts` (optional; what that cache_key was made of, so that the loader can prove it unchanged
+    without Triton's AST walk: loader/source_parts.py); without it the loader asks cache_key.
     """
 
     id: str

@@ -145,8 +145,9 @@ class TritonKernelServer:
 
     Installing costs nothing per kernel: `fn.run` first points at `_first_call`, and the kernel is
     prepared at its first use (a call, `kernel.warmup`, vLLM's warmup registry, `preload`): its live
-    source hash checked against the bundle's, its section of the bundle read and validated, its
-    variants, binder and fast-path tables built. Then `fn.run` is the real entry point.
+    source checked against the bundle's (loader/source_parts.py, else Triton's cache_key), its exact
+    entries read and validated (the generic ones at its first miss), its variants, binder and fast-path
+    tables built. Then `fn.run` is the real entry point.
     """
 
     def __init__(
