@@ -14,14 +14,13 @@ from nojit.aot.vllm_env import PlatformFacts, install_deployment_platform
 
 install_deployment_platform(PlatformFacts())
 
-import importlib  # noqa: E402
+import importlib
 
-from triton.runtime.jit import JITCallable  # noqa: E402
-
-from nojit.aot.runtimes.triton.source_parts import source_parts  # noqa: E402
-from nojit.loader.errors import BundleMismatchError  # noqa: E402
-from nojit.loader.source_parts import unchanged_since_build  # noqa: E402
-from nojit.loader.versions import check_source  # noqa: E402
+from nojit.aot.runtimes.triton.source_parts import source_parts
+from nojit.loader.errors import BundleMismatchError
+from nojit.loader.source_parts import unchanged_since_build
+from nojit.loader.versions import check_source
+from triton.runtime.jit import JITCallable
 
 GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"
 KERNEL = f"{GUMBEL}:_gumbel_sample_kernel"  # calls gumbel_noised_argmax, which reads the constexpr _DRAFT_NOISE_SALT

@@ -15,11 +15,11 @@ from typing import Any
 
 from nojit.loader.source_parts import (
     PARTS_VERSION,
-    triton_parts,
     fingerprint,
     resolve,
     scope_lookup,
     src_digest,
+    triton_parts,
     triton_version,
     unchanged_since_build,
 )
