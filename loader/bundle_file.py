@@ -42,7 +42,16 @@ from typing import Any
 import zstandard
 
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
-from nojit.loader.manifest import FORMAT_VERSION, Entry, Index, Manifest, format_error, parse_section
+from nojit.loader.manifest import (
+    FORMAT_VERSION,
+    VARIANTS,
+    Entry,
+    Index,
+    Manifest,
+    format_error,
+    parse_section,
+    parse_section_part,
+)
 
 MAGIC = b"NOJITBN1"
 HEADER = struct.Struct("<8sIIQQQ32s")
@@ -100,6 +109,8 @@ class Bundle:
         self.header = header
         self._fd = fd
         self._sections: dict[str, tuple[Entry, ...]] = {}
+        self._parts: dict[tuple[str, str], tuple[Entry, ...]] = {}  # (kernel, variant) -> its entries
+        self._raw: dict[str, Any] = {}  # kernel -> its section's JSON, digest checked, while a part is unread
         self._manifest: Manifest | None = None
         self._lock = threading.Lock()
 
@@ -167,7 +178,39 @@ class Bundle:
                     found = self._sections[kernel] = self._read_section(kernel)
         return found
 
+    def entries_of_variant(self, kernel: str, variant: str) -> tuple[Entry, ...]:
+        """One variant's entries of the kernel (a Triton server's exact entries at first use, its generic ones at
+        its first miss), each validated as entries() would, when first asked for (thread-safe)."""
+        found = self._parts.get((kernel, variant))
+        if found is None:
+            if kernel not in self.index.sections:
+                return ()
+            with self._lock:
+                found = self._parts.get((kernel, variant))
+                if found is None:
+                    whole = self._sections.get(kernel)
+                    if whole is not None:
+                        found = tuple(e for e in whole if e.variant == variant)
+                    else:
+                        raw = self._raw.get(kernel)
+                        if raw is None:
+                            raw = self._raw[kernel] = self._read_raw(kernel)
+                        found = parse_section_part(self.index.kernels[kernel], self.index.sections[kernel], raw,
+                                                   self.index.blobs, self.path, variant)
+                    self._parts[(kernel, variant)] = found
+                    if all((kernel, v) in self._parts for v in VARIANTS):
+                        self._raw.pop(kernel, None)
+        return found
+
     def _read_section(self, kernel: str) -> tuple[Entry, ...]:
+        raw = self._raw.pop(kernel, None)
+        if raw is None:
+            raw = self._read_raw(kernel)
+        ref = self.index.sections[kernel]
+        return parse_section(self.index.kernels[kernel], ref, raw, self.index.blobs, self.path)
+
+    def _read_raw(self, kernel: str) -> Any:
+        """The kernel's section as JSON, its digest checked."""
         ref = self.index.sections[kernel]
         what = f"{self.path}: section of kernel {kernel}"
         if self._fd is None:
@@ -177,8 +220,7 @@ class Bundle:
             raise BundleCorruptError(f"{what} is truncated", fix=_FIX)
         if hashlib.sha256(compressed).hexdigest() != ref.sha256:
             raise BundleCorruptError(f"{what}: section digest mismatch (the file was modified or damaged)", fix=_FIX)
-        raw = _decompress(compressed, ref.size, what)
-        return parse_section(self.index.kernels[kernel], ref, _json(raw, what), self.index.blobs, self.path)
+        return _json(_decompress(compressed, ref.size, what), what)
 
     @property
     def manifest(self) -> Manifest:

@@ -459,7 +459,9 @@ class KernelRecord:
     id is "module:qualname" (never the bare function name: many vLLM kernels are named
     `kernel`). source_hash is Triton's `JITFunction.cache_key` (source plus dependencies)
     or, for TileLang, the sha256 of the kernel function's source text; the loader refuses
-    to serve a kernel whose live source no longer has this digest.
+    to serve a kernel whose live source no longer has this digest. A Triton kernel's info may hold
+    `source_parts` (optional; what that cache_key was made of, so that the loader can prove it unchanged
+    without Triton's AST walk: loader/source_parts.py); without it the loader asks cache_key.
     """
 
     id: str
@@ -648,6 +650,26 @@ def parse_section(record: KernelRecord, ref: SectionRef, obj: Any, blobs: dict[s
     return tuple(entries)
 
 
+def parse_section_part(record: KernelRecord, ref: SectionRef, obj: Any, blobs: dict[str, BlobRef], source: str,
+                       variant: str) -> tuple[Entry, ...]:
+    """One variant's entries of the section, each checked as parse_section checks it (the section's shape and
+    count every time; the "exact" part also takes every entry that is not a well-formed generic one, so that each
+    entry is validated by one part or the other and a malformed one at the kernel's first use)."""
+    where = f"manifest.kernels[{record.id!r}].section"
+    if not isinstance(obj, list):
+        raise BundleCorruptError(f"{source}: manifest field {where} is not a list of entries", fix=_REBUILD)
+    if len(obj) != ref.entries:
+        raise BundleCorruptError(f"{source}: manifest field {where} holds {len(obj)} entries, the index says "
+                                 f"{ref.entries}", fix=_REBUILD)
+    if variant == "generic":
+        picked = [(i, e) for i, e in enumerate(obj) if type(e) is dict and e.get("variant") == "generic"]
+    else:
+        picked = [(i, e) for i, e in enumerate(obj) if not (type(e) is dict and e.get("variant") == "generic")]
+    entries = [_entry_from_json(i, e, record, blobs, source) for i, e in picked]
+    _check_kernel_entries(record, entries, source)  # keys are distinct per variant: a part holds all of its own
+    return tuple(entries)
+
+
 # Per-kernel validation: each function below reads one entry, or one kernel's entries, and
 # nothing else of the manifest: it runs at the kernel's first use (parse_section).
 def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, BlobRef], source: str) -> Entry:
@@ -772,12 +794,13 @@ def _check_json_value(value: Any, f: _Fields, depth: int = 0) -> Any:
         raise f._bad("key", "is nested too deeply")
     if isinstance(value, float) and not math.isfinite(value):
         raise f._bad("key", "holds a non-finite number")
-    if isinstance(value, list):
-        for v in value:
-            _check_json_value(v, f, depth + 1)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _check_json_value(v, f, depth + 1)
+    if isinstance(value, (list, dict)):
+        for v in value if isinstance(value, list) else value.values():
+            if v is None or type(v) is str or type(v) is int or type(v) is bool:  # a leaf that can only be too deep
+                if depth >= 16:
+                    raise f._bad("key", "is nested too deeply")
+            else:
+                _check_json_value(v, f, depth + 1)
     elif not (value is None or isinstance(value, (bool, int, float, str))):
         raise f._bad("key", f"holds a {type(value).__name__}")
     return value

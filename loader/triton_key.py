@@ -213,7 +213,7 @@ def _to_json(value: Any) -> Any:
 
 def _from_json(value: Any) -> Any:
     if isinstance(value, list):
-        return tuple(_from_json(v) for v in value)
+        return tuple([_from_json(v) if isinstance(v, list) else v for v in value])
     return value
 
 

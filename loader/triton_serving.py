@@ -25,6 +25,7 @@ from nojit.loader.errors import BundleMismatchError, LaunchError, NoJitError
 from nojit.loader.manifest import Entry, KernelRecord, TritonLaunch
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.torch_cuda import current_device, current_stream
+from nojit.loader.source_parts import unchanged_since_build
 from nojit.loader.versions import check_source
 from nojit.loader.triton_key import (
     ArgSpecializer,
@@ -144,8 +145,9 @@ class TritonKernelServer:
 
     Installing costs nothing per kernel: `fn.run` first points at `_first_call`, and the kernel is
     prepared at its first use (a call, `kernel.warmup`, vLLM's warmup registry, `preload`): its live
-    source hash checked against the bundle's, its section of the bundle read and validated, its
-    variants, binder and fast-path tables built. Then `fn.run` is the real entry point.
+    source checked against the bundle's (loader/source_parts.py, else Triton's cache_key), its exact
+    entries read and validated (the generic ones at its first miss), its variants, binder and fast-path
+    tables built. Then `fn.run` is the real entry point.
     """
 
     def __init__(
@@ -198,12 +200,15 @@ class TritonKernelServer:
             if self._ready:
                 return
             kid = self.record.id
-            if not check_source(kid, self.record.source_hash, self.fn.cache_key, self.bundle.path, self._allow):
+            # The build's record of what the key was made of proves an unchanged source without Triton's
+            # AST walk; anything it cannot prove is decided by Triton's own cache_key, as before.
+            if not unchanged_since_build(self.fn, self.record.info.get("source_parts"), self.record.source_hash) and \
+                    not check_source(kid, self.record.source_hash, self.fn.cache_key, self.bundle.path, self._allow):
                 self._differences.append(f"source: {kid} changed since the bundle was built")
                 log.warning("nojit: %s source differs from the bundle; serving it anyway (NOJIT_ALLOW_MISMATCH=source)",
                             kid)
             try:
-                self._build(self.bundle.entries(kid))
+                self._build(self.bundle.entries_of_variant(kid, "exact"))
             except NoJitError:
                 raise
             except Exception as exc:  # a malformed key in an otherwise valid manifest
@@ -222,17 +227,10 @@ class TritonKernelServer:
         self._runtime_param = tuple(not p.is_constexpr for p in self.fn.params)
         self._binder = make_binder(self.fn, self._specializer)
         self._exact: dict[Key, TritonVariant] = {}
-        self._generic: dict[Key, TritonVariant] = {}  # by layout spec (see triton_key.layout_spec)
-        self._generic_groups: dict[Key, list[tuple[Key, TritonVariant]]] = {}  # by generic_spec
+        self._generic_tables: tuple[dict, dict] | None = None  # read at the first miss (_generic_for_misses)
         for e in entries:
             key = e.decoded if e.decoded is not None else key_from_json(e.key)  # decoded by the section's check
-            variant = TritonVariant(e, self.bundle)
-            if e.variant == "exact":
-                self._exact[key] = variant
-            else:
-                self._generic[key] = variant
-                group = (generic_spec(key[0], self._runtime_param), key[1])
-                self._generic_groups.setdefault(group, []).append((key, variant))
+            self._exact[key] = TritonVariant(e, self.bundle)
         # The one-call C path for exact entries where it can be used (not while recording, which sees
         # every hit), else run itself.
         entry_point = self.run
@@ -252,7 +250,35 @@ class TritonKernelServer:
     @property
     def generic(self) -> dict[Key, TritonVariant]:
         self.prepare()
-        return self._generic
+        return self._generic_for_misses()[0]
+
+    def _generic_for_misses(self) -> tuple[dict[Key, TritonVariant], dict[Key, list[tuple[Key, TritonVariant]]]]:
+        """The generic entries, by layout spec (triton_key.layout_spec) and grouped by generic_spec: their part of
+        the section is read and validated at the kernel's first miss, which most kernels never have."""
+        tables = self._generic_tables
+        if tables is None:
+            with self._lock:
+                tables = self._generic_tables
+                if tables is None:
+                    tables = self._generic_tables = self._read_generic()
+        return tables
+
+    def _read_generic(self) -> tuple[dict[Key, TritonVariant], dict[Key, list[tuple[Key, TritonVariant]]]]:
+        kid = self.record.id
+        try:
+            entries = self.bundle.entries_of_variant(kid, "generic")
+            generic: dict[Key, TritonVariant] = {}
+            groups: dict[Key, list[tuple[Key, TritonVariant]]] = {}
+            for e in entries:
+                key = e.decoded if e.decoded is not None else key_from_json(e.key)
+                variant = generic[key] = TritonVariant(e, self.bundle)
+                groups.setdefault((generic_spec(key[0], self._runtime_param), key[1]), []).append((key, variant))
+        except NoJitError:
+            raise
+        except Exception as exc:  # a malformed key in an otherwise valid manifest
+            raise BundleMismatchError(f"kernel {kid}: cannot serve its bundle entries ({exc})",
+                                      fix="rebuild the bundle with `nojit build`") from None
+        return generic, groups
 
     @property
     def fast(self) -> Any:
@@ -308,10 +334,11 @@ class TritonKernelServer:
         """The generic entry serving `key`: the one laid out for its divisibility pattern if bundled
         (bit-identical to the JIT's cubin for `key`), else the nearest pattern of its group."""
         spec, okey = key
+        generic, groups = self._generic_for_misses()
         wanted = layout_spec(spec, self._runtime_param)
-        variant = self._generic.get((wanted, okey))
+        variant = generic.get((wanted, okey))
         if variant is None:
-            group = self._generic_groups.get((generic_spec(spec, self._runtime_param), okey))
+            group = groups.get((generic_spec(spec, self._runtime_param), okey))
             if not group:
                 return None
             variant = max(group, key=lambda kv: hint_agreement(kv[0][0], wanted))[1]
@@ -328,7 +355,7 @@ class TritonKernelServer:
     def preload(self, device: int) -> int:
         """Load every variant's module on `device` (before CUDA-graph capture). Returns how many."""
         self.prepare()
-        variants = list(self._exact.values()) + list(self._generic.values())
+        variants = list(self._exact.values()) + list(self._generic_for_misses()[0].values())
         for v in variants:
             v.load(device)
         return len(variants)

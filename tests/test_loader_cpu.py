@@ -63,13 +63,14 @@ def test_bundled_key_goes_straight_to_the_launcher(installed):
     inst = installed(mode="strict")
     server = inst.triton[C128A]
     assert kernel().run == server.entry_point == server._first_call  # installed, not prepared yet
-    assert inst.bundle._sections == {}  # install() decoded no kernel's entries
+    assert inst.bundle._sections == {} and inst.bundle._parts == {}  # install() decoded no kernel's entries
     before = len(guards.compile_attempts)  # the list is per process; earlier tests refused compilers on purpose
     with pytest.raises(LaunchError, match="libcuda.so.1|NVIDIA driver") as info:
         kernel()[(4,)](**c128a_args())
     assert "fix:" in str(info.value)
     assert guards.compile_attempts[before:] == []
-    assert list(inst.bundle._sections) == [C128A]  # the first call read this kernel's section only
+    # the first call read this kernel's section only, and of it the exact entries (the generic ones: at a miss)
+    assert list(inst.bundle._parts) == [(C128A, "exact")] and inst.bundle._sections == {}
     assert kernel().run == server.entry_point != server._first_call  # prepared: the one-call C path
 
 

@@ -167,7 +167,19 @@ def kernel_info(fn: Any, owner: str | None, site: str) -> TritonKernelInfo:
     }
     if owner is not None:
         info["owner"] = owner
+    record_source_parts(fn, info)
     return TritonKernelInfo(kernel_id(fn), fn.cache_key, tuple(p.name for p in fn.params), info)
+
+
+def record_source_parts(fn: Any, info: dict[str, Any]) -> None:
+    """What the kernel's cache_key was made of (the loader's cheap exact source check; absent: it uses cache_key)."""
+    from nojit.aot.runtimes.triton.source_parts import source_parts
+
+    parts = source_parts(fn)
+    if parts is None:
+        info.pop("source_parts", None)
+    else:
+        info["source_parts"] = parts
 
 
 def _package_relative(path: str) -> str:

@@ -24,6 +24,7 @@ from nojit.aot.runtimes.triton.enumeration import (
     dedupe,
     enumerate_derived,
     enumerate_owner,
+    record_source_parts,
     kernel_info,
 )
 from nojit.aot.runtimes.triton.rows import TritonTables
@@ -80,7 +81,9 @@ def use_source_map_hashes(p: Plan, source_map_path: str) -> None:
     source_map = load_source_map(source_map_path)
     for kid, k in p.kernels.items():
         if k.runtime == NAME:
-            k.source_hash = jit_function_of(resolve_kernel(kid, source_map)).cache_key
+            fn = jit_function_of(resolve_kernel(kid, source_map))
+            k.source_hash = fn.cache_key
+            record_source_parts(fn, k.info)
 
 
 _source_map: dict[str, Any] = {}
