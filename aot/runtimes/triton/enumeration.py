@@ -21,6 +21,7 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.runtimes.triton.compiler import key_for_call
 from nojit.aot.runtimes.triton.rows import DerivedKernel, TritonOwner
+from nojit.aot.runtimes.triton.source_parts import source_parts
 from nojit.aot.runtimes.triton.sources import resolve_kernel
 from nojit.aot.vllm_env import import_kernel_module
 from nojit.loader.errors import BundleMismatchError, NoJitError
@@ -173,8 +174,6 @@ def kernel_info(fn: Any, owner: str | None, site: str) -> TritonKernelInfo:
 
 def record_source_parts(fn: Any, info: dict[str, Any]) -> None:
     """What the kernel's cache_key was made of (the loader's cheap exact source check; absent: it uses cache_key)."""
-    from nojit.aot.runtimes.triton.source_parts import source_parts
-
     parts = source_parts(fn)
     if parts is None:
         info.pop("source_parts", None)
