@@ -175,8 +175,23 @@ def make_binder(fn: Any, specializer: ArgSpecializer) -> Callable[..., tuple[tup
         f"def bind({', '.join(arglist + ['**_nj_options'])}):\n"
         f"    return ({', '.join(names)}{',' if names else ''}), ({', '.join(items)}{',' if items else ''}), _nj_options\n"
     )
-    exec(compile(src, f"<nojit binder {fn.__module__}:{fn.__qualname__}>", "exec"), namespace)
-    return namespace["bind"]
+    return generated(src, f"<nojit binder {fn.__module__}:{fn.__qualname__}>", namespace, "bind")
+
+
+_GENERATED: dict[str, Any] = {}  # generated source text -> its code, compiled once per process
+
+
+def generated(src: str, filename: str, namespace: dict[str, Any], name: str) -> Any:
+    """The function `name` that `src` defines, executed in `namespace`. compile() runs once per distinct source
+    text (kernels of one signature, a second install() in one process); each function keeps its own filename."""
+    code = _GENERATED.get(src)
+    if code is None:
+        code = _GENERATED[src] = compile(src, filename, "exec")
+    exec(code, namespace)
+    made = namespace[name]
+    if made.__code__.co_filename != filename:
+        made.__code__ = made.__code__.replace(co_filename=filename)
+    return made
 
 
 def options_key(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
