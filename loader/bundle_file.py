@@ -58,8 +58,6 @@ HEADER = struct.Struct("<8sIIQQQ32s")
 # Caps, far above any real bundle (the default bundle's index is about 90 KB, its largest
 # section about 200 KB): a hostile file must not make the reader allocate or parse more.
 MAX_MANIFEST_BYTES = 16 << 20  # the index
-_FEED = 1024  # compressed bytes per decompression step: one step inflates to at most ~44 MiB
-_WRITE_SIZE = 1 << 20
 _HASH_CHUNK = 1 << 20
 _FIX = "the bundle file is damaged, truncated or not a nojit bundle: rebuild it with `nojit build` and copy it again"
 
@@ -354,27 +352,29 @@ def _max_frame_length(size: int) -> int:
 
 
 def _decompress(data: bytes, size: int, what: str) -> bytes:
-    """One zstandard frame of exactly `size` bytes, streamed so that output never exceeds `size`."""
+    """One zstandard frame of exactly `size` bytes, inflated in one call into a buffer of `size` bytes.
+
+    The frame must declare its content size and declare exactly `size` (bounded by the manifest's limits), so
+    the output buffer is allocated once at that size; zstd itself rejects a frame that inflates past what it
+    declares, and `allow_extra_data=False` rejects bytes after the frame."""
     try:
         declared = zstandard.frame_content_size(data)
         if declared != size:
             raise BundleCorruptError(f"{what}: frame declares {declared} bytes, expected {size}", fix=_FIX)
-        dobj = zstandard.ZstdDecompressor().decompressobj(write_size=_WRITE_SIZE)
-        parts: list[bytes] = []
-        produced = consumed = 0
-        while consumed < len(data) and not dobj.eof:
-            part = dobj.decompress(data[consumed:consumed + _FEED])
-            consumed += _FEED
-            produced += len(part)
-            if produced > size:
-                raise BundleCorruptError(f"{what}: decompresses past its declared {size} bytes", fix=_FIX)
-            parts.append(part)
-        if not dobj.eof:
-            raise BundleCorruptError(f"{what}: the zstandard frame is truncated", fix=_FIX)
-        if dobj.unused_data or consumed < len(data):
-            raise BundleCorruptError(f"{what}: bytes follow the zstandard frame", fix=_FIX)
+        raw = _decompressor().decompress(data, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as exc:
         raise BundleCorruptError(f"{what} does not decompress: {exc}", fix=_FIX) from None
-    if produced != size:
-        raise BundleCorruptError(f"{what}: {produced} bytes after decompression, expected {size}", fix=_FIX)
-    return b"".join(parts)
+    if len(raw) != size:
+        raise BundleCorruptError(f"{what}: {len(raw)} bytes after decompression, expected {size}", fix=_FIX)
+    return raw
+
+
+_LOCAL = threading.local()
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """One decompression context per thread (a ZstdDecompressor is not shared across threads), kept for reuse."""
+    dctx = getattr(_LOCAL, "dctx", None)
+    if dctx is None:
+        dctx = _LOCAL.dctx = zstandard.ZstdDecompressor()
+    return dctx

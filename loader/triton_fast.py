@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import inspect
 import math
+import types
 from typing import Any
 
 import logging
 
 from nojit.loader.errors import LaunchError
-from nojit.loader.triton_key import Key
+from nojit.loader.triton_key import Key, generated
 
 # Codes shared with csrc/nojit_fast.c.
 K_CONSTEXPR, K_PLAIN, K_ANNOT, K_FIXED = 0, 1, 2, 3
@@ -327,9 +328,25 @@ def make_run(server: Any, fast: TritonFastPath) -> Any:
             namespace[f"_nj_default_{i}"] = param.default
             arglist.append(f"{name}=_nj_default_{i}")
     bound = f"({', '.join(names)}{',' if names else ''})"
-    src = f"""
-def run({', '.join(arglist + ['*', 'grid', 'warmup', '**_nj_o'])}):
-    _nj_b = {bound}
+    # The kernel's own signature is a one-line function; the body, the same for every kernel, is compiled once
+    # per process and made per kernel over this kernel's namespace.
+    namespace["_nj_body"] = types.FunctionType(_run_body_code(), namespace, "run")
+    src = (f"def run({', '.join(arglist + ['*', 'grid', 'warmup', '**_nj_o'])}):\n"
+           f"    return _nj_body({bound}, grid, warmup, _nj_o)\n")
+    generated(src, f"<nojit fast run {fn.__module__}:{fn.__qualname__}>", namespace, "run")
+    general = namespace["run"]
+    # The run vLLM's calls reach: binding, options, grid, device, stream and launch in one C call; the
+    # generated function above takes the calls C hands back (warmup, options not seen yet, odd grids).
+    defaults = tuple(sig.parameters[n].default for n in names)
+    _runner, run = m.new_runner(namespace["_nj_t0"], tuple(names),
+                                defaults, inspect.Parameter.empty, current_device, current_stream, general, slow,
+                                after, tables_by_raw)
+    fast.runner, fast.general, fast.tables_by_raw = _runner, general, tables_by_raw
+    return run
+
+
+_RUN_BODY = """
+def run(_nj_b, grid, warmup, _nj_o):
     if _nj_o:
         try:
             _nj_t = _nj_tables.get(tuple(_nj_o.items()), _nj_unseen)
@@ -351,16 +368,15 @@ def run({', '.join(arglist + ['*', 'grid', 'warmup', '**_nj_o'])}):
         return _nj_miss(_nj_t, _nj_b, grid, False, _nj_o) if _nj_r is None else _nj_after(_nj_r, _nj_t, _nj_b, grid, _nj_d, _nj_o)
     return _nj_r
 """
-    exec(compile(src, f"<nojit fast run {fn.__module__}:{fn.__qualname__}>", "exec"), namespace)
-    general = namespace["run"]
-    # The run vLLM's calls reach: binding, options, grid, device, stream and launch in one C call; the
-    # generated function above takes the calls C hands back (warmup, options not seen yet, odd grids).
-    defaults = tuple(sig.parameters[n].default for n in names)
-    _runner, run = m.new_runner(namespace["_nj_t0"], tuple(names),
-                                defaults, inspect.Parameter.empty, current_device, current_stream, general, slow,
-                                after, tables_by_raw)
-    fast.runner, fast.general, fast.tables_by_raw = _runner, general, tables_by_raw
-    return run
+_run_body: list[Any] = []
+
+
+def _run_body_code() -> Any:
+    """The code of the generated run's body (after binding), compiled once per process."""
+    if not _run_body:
+        module = compile(_RUN_BODY, "<nojit fast run body>", "exec")
+        _run_body.append(next(c for c in module.co_consts if isinstance(c, types.CodeType)))
+    return _run_body[0]
 
 
 class _Unseen:

@@ -175,8 +175,23 @@ def make_binder(fn: Any, specializer: ArgSpecializer) -> Callable[..., tuple[tup
         f"def bind({', '.join(arglist + ['**_nj_options'])}):\n"
         f"    return ({', '.join(names)}{',' if names else ''}), ({', '.join(items)}{',' if items else ''}), _nj_options\n"
     )
-    exec(compile(src, f"<nojit binder {fn.__module__}:{fn.__qualname__}>", "exec"), namespace)
-    return namespace["bind"]
+    return generated(src, f"<nojit binder {fn.__module__}:{fn.__qualname__}>", namespace, "bind")
+
+
+_GENERATED: dict[str, Any] = {}  # generated source text -> its code, compiled once per process
+
+
+def generated(src: str, filename: str, namespace: dict[str, Any], name: str) -> Any:
+    """The function `name` that `src` defines, executed in `namespace`. compile() runs once per distinct source
+    text (kernels of one signature, a second install() in one process); each function keeps its own filename."""
+    code = _GENERATED.get(src)
+    if code is None:
+        code = _GENERATED[src] = compile(src, filename, "exec")
+    exec(code, namespace)
+    made = namespace[name]
+    if made.__code__.co_filename != filename:
+        made.__code__ = made.__code__.replace(co_filename=filename)
+    return made
 
 
 def options_key(options: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -229,6 +244,7 @@ def key_from_json(obj: Any) -> Key:
     spec, options = obj["spec"], obj["options"]
     if not isinstance(spec, list) or not isinstance(options, list):
         raise ValueError("a Triton key's spec and options are lists")
+    spec_items = []  # the key's tuples, built while checking (what _from_json would build, one pass)
     for item in spec:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and item[0]):
             raise ValueError(f"spec item {item!r:.80} is not [type, attribute]")
@@ -240,14 +256,18 @@ def key_from_json(obj: Any) -> Key:
                 raise ValueError(f"pointer attribute {attr!r:.40} is not D, '' or null")
         elif attr is not None and attr not in ("D", ""):
             check_tagged(attr)
+        spec_items.append((ty, _from_json(attr) if attr.__class__ is list else attr))
     names = set()
+    option_items = []
     for item in options:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)) or item[0] in names:
             raise ValueError(f"option {item!r:.80} is not a distinct [name, value]")
         names.add(item[0])
-        check_tagged(item[1])
+        value = item[1]
+        check_tagged(value)
+        option_items.append((item[0], _from_json(value)))
     try:
-        key = (_from_json(spec), _from_json(options))
+        key = (tuple(spec_items), tuple(option_items))
         hash(key)
     except (TypeError, RecursionError):
         raise ValueError("a Triton key holds an unhashable value") from None
