@@ -363,6 +363,8 @@ def _decompress(data: bytes, size: int, what: str) -> bytes:
             raise BundleCorruptError(f"{what}: frame declares {declared} bytes, expected {size}", fix=_FIX)
         raw = _decompressor().decompress(data, max_output_size=size, allow_extra_data=False)
     except zstandard.ZstdError as exc:
+        if "unused data" in str(exc):  # allow_extra_data=False: a second frame or other bytes after this one
+            raise BundleCorruptError(f"{what}: bytes follow the zstandard frame", fix=_FIX) from None
         raise BundleCorruptError(f"{what} does not decompress: {exc}", fix=_FIX) from None
     if len(raw) != size:
         raise BundleCorruptError(f"{what}: {len(raw)} bytes after decompression, expected {size}", fix=_FIX)

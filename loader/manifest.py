@@ -636,15 +636,20 @@ def format_error(source: str, fmt: int) -> Exception:
     )
 
 
-def parse_section(record: KernelRecord, ref: SectionRef, obj: Any, blobs: dict[str, BlobRef],
-                  source: str) -> tuple[Entry, ...]:
-    """One kernel's entries (its section's JSON list), every field checked as at open in format 1."""
+def _check_section_shape(record: KernelRecord, ref: SectionRef, obj: Any, source: str) -> None:
+    """A section is a list of as many entries as the index says."""
     where = f"manifest.kernels[{record.id!r}].section"
     if not isinstance(obj, list):
         raise BundleCorruptError(f"{source}: manifest field {where} is not a list of entries", fix=_REBUILD)
     if len(obj) != ref.entries:
         raise BundleCorruptError(f"{source}: manifest field {where} holds {len(obj)} entries, the index says "
                                  f"{ref.entries}", fix=_REBUILD)
+
+
+def parse_section(record: KernelRecord, ref: SectionRef, obj: Any, blobs: dict[str, BlobRef],
+                  source: str) -> tuple[Entry, ...]:
+    """One kernel's entries (its section's JSON list), every field checked as at open in format 1."""
+    _check_section_shape(record, ref, obj, source)
     entries = [_entry_from_json(i, e, record, blobs, source) for i, e in enumerate(obj)]
     _check_kernel_entries(record, entries, source)
     return tuple(entries)
@@ -655,12 +660,7 @@ def parse_section_part(record: KernelRecord, ref: SectionRef, obj: Any, blobs: d
     """One variant's entries of the section, each checked as parse_section checks it (the section's shape and
     count every time; the "exact" part also takes every entry that is not a well-formed generic one, so that each
     entry is validated by one part or the other and a malformed one at the kernel's first use)."""
-    where = f"manifest.kernels[{record.id!r}].section"
-    if not isinstance(obj, list):
-        raise BundleCorruptError(f"{source}: manifest field {where} is not a list of entries", fix=_REBUILD)
-    if len(obj) != ref.entries:
-        raise BundleCorruptError(f"{source}: manifest field {where} holds {len(obj)} entries, the index says "
-                                 f"{ref.entries}", fix=_REBUILD)
+    _check_section_shape(record, ref, obj, source)
     if variant == "generic":
         picked = [(i, e) for i, e in enumerate(obj) if type(e) is dict and e.get("variant") == "generic"]
     else:

@@ -200,7 +200,9 @@ def broken_bundle(draw):
         _set(m, path, {"x": 1} if not isinstance(value, dict) else "x")  # (an int would be a valid expression)
         kind = f"wrong type at {path}"
     elif kind == "missing":
-        cands = [(p, v) for p, v in paths if isinstance(p[-1], str) and p[-1] not in OPTIONAL]
+        # not the top-level entry list: seal() spreads it into the kernels' sections, and without it every kernel
+        # gets an empty section, a well-formed bundle that serves nothing (each key a miss), not a broken field
+        cands = [(p, v) for p, v in paths if isinstance(p[-1], str) and p[-1] not in OPTIONAL and p != ("entries",)]
         path, _ = draw(st.sampled_from(cands))
         node = m
         for p in path[:-1]:

@@ -34,18 +34,13 @@ import shutil
 import subprocess
 import sys
 
+from nojit.loader.installed_bundles import file_sha256
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = os.path.join(ROOT, "tests", "gpu", "check_cutedsl_launch.py")
 RUNTIME_LIB = "libcute_dsl_runtime.so"
 PLATFORM = "manylinux_2_28_x86_64"
 
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def cutedsl_libdir() -> str:
@@ -70,7 +65,7 @@ def pack_runtime(dest: str) -> dict:
         f.write(lzma.compress(raw, preset=6))
     os.replace(tmp, out)
     return {"file": os.path.relpath(out, os.path.dirname(dest)), "sha256": hashlib.sha256(raw).hexdigest(),
-            "size": len(raw), "xz_sha256": sha256_file(out), "xz_size": os.path.getsize(out), "source": src}
+            "size": len(raw), "xz_sha256": file_sha256(out), "xz_size": os.path.getsize(out), "source": src}
 
 
 def download_tvm_ffi(dest: str, version: str) -> dict:
@@ -83,7 +78,7 @@ def download_tvm_ffi(dest: str, version: str) -> dict:
     if len(wheels) != 1:
         raise SystemExit(f"pip download gave {wheels} for apache-tvm-ffi=={version}")
     path = os.path.join(dest, wheels[0])
-    return {"file": os.path.join("wheels", wheels[0]), "sha256": sha256_file(path), "size": os.path.getsize(path),
+    return {"file": os.path.join("wheels", wheels[0]), "sha256": file_sha256(path), "size": os.path.getsize(path),
             "version": version}
 
 
@@ -103,7 +98,7 @@ def copy_reference_sources(out_dir: str) -> dict[str, str]:
         target = os.path.join(out_dir, "vllm", rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(pkg, rel), target)
-        digests[rel] = sha256_file(target)
+        digests[rel] = file_sha256(target)
     sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
     import vllm_mount
 
@@ -144,7 +139,7 @@ def prepare(bundle: str, out: str, wheel: bool = True) -> dict:
                          "runtime and TVM-FFI would not be the ones the objects were written for")
     os.makedirs(out, exist_ok=True)
     manifest = {
-        "bundle": {"file": "cutedsl.nojit", "sha256": sha256_file(bundle), "entries": entries},
+        "bundle": {"file": "cutedsl.nojit", "sha256": file_sha256(bundle), "entries": entries},
         "tools": tools,
         "tvm_ffi_wheel": download_tvm_ffi(os.path.join(out, "wheels"), tools["apache-tvm-ffi"]) if wheel else None,
         "runtime": pack_runtime(os.path.join(out, "runtime")),

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import importlib.metadata
 import io
 import json
@@ -34,6 +33,8 @@ import subprocess
 import sys
 import tarfile
 
+from nojit.loader.installed_bundles import file_sha256
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -41,13 +42,6 @@ LIMIT = 45 << 20  # carried with .whl (7.5 MiB) under the 64 MiB a device call t
 PY_FILES = (".py", ".json")  # FlashInfer's Python and the JSON tables it reads at import
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_24_x86_64", "manylinux_2_28_x86_64")
 
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def flashinfer_files(site: str) -> list[str]:
@@ -85,7 +79,7 @@ def pack_flashinfer(out: str) -> dict:
             tar.addfile(info, io.BytesIO(data))
     os.replace(tmp, path)
     return {"version": importlib.metadata.version("flashinfer-python"), "files": len(files),
-            "archive": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": _sha256(path)}
+            "archive": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": file_sha256(path)}
 
 
 def download_tvm_ffi(dest: str, given: str | None) -> str:
@@ -147,8 +141,8 @@ def prepare(bundle: str, out: str, tvm_ffi_wheel: str | None = None) -> dict:
     wheel = download_tvm_ffi(os.path.join(out, "wheels"), tvm_ffi_wheel)
     facts = {
         "flashinfer": pack_flashinfer(out),
-        "tvm_ffi_wheel": {"file": os.path.relpath(wheel, out), "sha256": _sha256(wheel)},
-        "bundle": {"file": "flashinfer.nojit", "sha256": _sha256(dst), **entries},
+        "tvm_ffi_wheel": {"file": os.path.relpath(wheel, out), "sha256": file_sha256(wheel)},
+        "bundle": {"file": "flashinfer.nojit", "sha256": file_sha256(dst), **entries},
         "guard": build_guard(out) is not None,
     }
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
