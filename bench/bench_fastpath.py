@@ -114,7 +114,7 @@ def dispatch_and_device(args, smap) -> dict:
     from nojit.aot.runtimes.triton.sources import resolve_kernel
     from nojit.loader import triton_fast
     from nojit.loader.bundle_file import Bundle
-    from nojit.loader.install import install, jit_function_of
+    from nojit.loader.install import install
     from nojit.loader.torch_cuda import current_device, current_stream
     from triton_harness import grid_for, synthesize
 

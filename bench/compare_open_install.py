@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 CHILD = r"""
 import gc, json, os, statistics, sys, time

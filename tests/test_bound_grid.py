@@ -11,15 +11,13 @@ import ctypes
 import os
 import shutil
 import subprocess
-import textwrap
-from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_fastpath import _call_forms, _runner_for, variant_for
+from test_fastpath import _call_forms, _runner_for, draw_keyed_call, variant_for
 from test_triton_key_parity import call_args, tensor, theirs
 from nojit.loader import triton_fast
 from nojit.loader.triton_fast import fast_module, restore_getitem, serve_getitem
@@ -107,12 +105,10 @@ def test_bound_grid_does_what_tritons_lambda_does(recorder, data):
     through Triton's __getitem__ and through the bound grid, and everything observable is the same."""
     from triton_test_kernels import every_kind
 
-    kwargs, options = data.draw(call_args(every_kind))
-    kwargs = {**kwargs, "MODE": data.draw(st.sampled_from(["relu", "gelu"]))}
-    try:
-        key = theirs(every_kind, kwargs, options)
-    except (OverflowError, TypeError):
+    drawn = draw_keyed_call(data, every_kind)
+    if drawn is None:
         return
+    kwargs, options, key = drawn
     fast, run, taken = _runner_for(every_kind, {key: variant_for(key)})
     ctypes.c_int.in_dll(recorder, "nparams").value = len(variant_for(key).launch.args) + 2  # the one entry's
     m = fast_module()

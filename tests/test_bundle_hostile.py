@@ -31,11 +31,10 @@ import tracemalloc
 from collections import Counter
 
 import pytest
-import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header, canonical_json
+from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle
 from nojit.loader.errors import NoJitError
 from nojit.loader.manifest import FORMAT_VERSION
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_triton_key_parity import DTYPES, INTS, call_args, ours, specializer, tensor, theirs
+from test_triton_key_parity import DTYPES, call_args, ours, specializer, tensor, theirs
 from nojit.loader.triton_fast import TritonFastPath, fast_module
 from nojit.loader.triton_key import make_binder
 
@@ -290,6 +291,17 @@ def _call_forms(draw, fn, kwargs, options):
     return pos, kw, dict(options)
 
 
+def draw_keyed_call(data: Any, kernel: Any) -> tuple[dict, dict, Any] | None:
+    """A drawn call of `kernel` (keywords, launch options, one MODE) with Triton's own key for it; None where
+    Triton refuses the call (a value out of its range)."""
+    kwargs, options = data.draw(call_args(kernel))
+    kwargs = {**kwargs, "MODE": data.draw(st.sampled_from(["relu", "gelu"]))}
+    try:
+        return kwargs, options, theirs(kernel, kwargs, options)
+    except (OverflowError, TypeError):
+        return None
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_c_binding_gives_the_python_key_and_bytes(data):
@@ -298,12 +310,10 @@ def test_c_binding_gives_the_python_key_and_bytes(data):
     from triton_test_kernels import every_kind
 
     m = fast_module()
-    kwargs, options = data.draw(call_args(every_kind))
-    kwargs = {**kwargs, "MODE": data.draw(st.sampled_from(["relu", "gelu"]))}
-    try:
-        key = theirs(every_kind, kwargs, options)
-    except (OverflowError, TypeError):
+    drawn = draw_keyed_call(data, every_kind)
+    if drawn is None:
         return
+    kwargs, options, key = drawn
     variant = variant_for(key)
     fast, run, taken = _runner_for(every_kind, {key: variant})
     table = fast.tables.get(key[1])
@@ -395,7 +405,6 @@ def test_the_runner_launches_through_the_driver_entry_with_grid_callables_and_op
     key8 = theirs(every_kind, base, {"num_warps": 8})
     variant, variant8 = variant_for(key), variant_for(key8)
     fast, run, taken = _runner_for(every_kind, {key: variant, key8: variant8})
-    import nojit.loader.torch_cuda as tc
 
     device_type = m.dlpack_launch_device_type(1)  # the recording driver takes CPU tensors (kDLCPU)
     try:

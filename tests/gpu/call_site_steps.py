@@ -368,7 +368,6 @@ def sparse_prefill_ops(batch: Batch, seed: int) -> dict[str, torch.Tensor]:
 
 def indexer_prefill_metadata(batch: Batch, seed: int, meta: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The DSA indexer's prefill chunk metadata (BuildPrefillChunkMetadataKernel)."""
-    dev = batch.device
     n = batch.num_reqs
     qsl = batch.query_start_loc()
     seq_lens = batch.seq_lens()

@@ -9,7 +9,6 @@ because only Triton's keys carry the divisibility marks they relax.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 from nojit.aot.compile_cache import file_sha256, launch_reader
