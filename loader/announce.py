@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from nojit.loader.manifest import RUNTIMES
+from nojit.loader.bundle.manifest import RUNTIMES
 from nojit.loader.settings import Mode, settings
 
 _DISPLAY = {"triton": "Triton", "tilelang": "TileLang", "cutedsl": "CuTeDSL", "deepgemm": "DeepGEMM",
@@ -50,11 +50,11 @@ def summary_line(inst: object) -> str:
 
 
 def firewall_state(inst: object) -> str:
-    """The compiler firewall's state as one phrase (nojit.loader.firewall, when present)."""
+    """The compiler firewall's state as one phrase (nojit.loader.strict.firewall, when present)."""
     if getattr(inst, "mode", None) is not Mode.STRICT:
         return "off (not strict)"
     try:
-        from nojit.loader import firewall  # type: ignore[attr-defined]
+        from nojit.loader.strict import firewall  # type: ignore[attr-defined]
     except ImportError:
         return "in-process guards only"
     report = firewall.active() if hasattr(firewall, "active") else None

@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
-from nojit.loader import firewall
-from nojit.loader.guards import install_strict_guards
+from nojit.loader.strict import firewall
+from nojit.loader.strict.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.settings import Mode, settings
-from nojit.loader.versions import RuntimeVersions, check_versions
+from nojit.loader.bundle.versions import RuntimeVersions, check_versions
 
 log = logging.getLogger("nojit")
 
@@ -124,7 +124,7 @@ def _is_installed_file(package: str, origin: str) -> bool:
 
 def _distribution(package: str) -> importlib.metadata.Distribution:
     """The package's distribution, found next to it (one directory listing) before a search of sys.path."""
-    from nojit.loader.versions import dist_info_dir
+    from nojit.loader.bundle.versions import dist_info_dir
 
     found = dist_info_dir(package)
     if found is not None:
@@ -155,7 +155,7 @@ class Installation:
     triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
     tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
     cutedsl: dict[str, Any] = field(default_factory=dict)  # kernel id -> CuteKernelServer (cutedsl_serving)
-    deepgemm: Any = None  # DeepGemmServing (loader/deepgemm_serving.py) when the bundle has DeepGEMM entries
+    deepgemm: Any = None  # DeepGemmServing (loader/runtimes/deepgemm/serving.py) when the bundle has DeepGEMM entries
     flashinfer: Any = None  # FlashInferServing: FlashInfer's modules as a jit-cache provider (flashinfer_serving.py)
     humming: Any = None  # HummingServing: Humming's cache seeded from the bundle (humming_serving.py)
     allowed_differences: list[str] = field(default_factory=list)
@@ -173,7 +173,7 @@ class Installation:
     def preload(self, device: int | None = None) -> int:
         """Load every bundled module on `device` (default: current), preparing every kernel first. Call before
         CUDA-graph capture."""
-        from nojit.loader.torch_cuda import current_device
+        from nojit.loader.launch.torch_cuda import current_device
 
         dev = current_device() if device is None else device
         return sum(s.preload(dev) for s in (*self.triton.values(), *self.tilelang.values(), *self.cutedsl.values()))
@@ -181,23 +181,23 @@ class Installation:
     def uninstall(self) -> None:
         """Give the kernels back their own JIT paths and lift the strict guards (tests and tools)."""
         global _current
-        from nojit.loader.triton_fast import restore_getitem
+        from nojit.loader.runtimes.triton.fast import restore_getitem
 
         for server in self.triton.values():
             server.fn.__dict__.pop("run", None)
             restore_getitem(server.fn)  # its own class back (kernel[grid] bound in C)
         if self.tilelang:
-            from nojit.loader import tilelang_serving
+            from nojit.loader.runtimes.tilelang import serving as tilelang_serving
 
             tilelang_serving.uninstall(self.tilelang)
         for server in self.cutedsl.values():
             server.uninstall()
         if self.flashinfer is not None:
-            from nojit.loader import flashinfer_serving
+            from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
 
             flashinfer_serving.uninstall()
         if self.humming is not None:
-            from nojit.loader import humming_serving
+            from nojit.loader.runtimes.humming import serving as humming_serving
 
             humming_serving.uninstall()
         self.triton.clear()
@@ -209,7 +209,8 @@ class Installation:
             for op, original in self.deepgemm.originals.items():
                 setattr(vllm_dg, op, original)
             self.deepgemm = None
-        from nojit.loader import guards, triton_driver
+        from nojit.loader.strict import guards
+        from nojit.loader.runtimes.triton import driver as triton_driver
 
         guards.deactivate()
         if "triton" in sys.modules:
@@ -261,7 +262,7 @@ def install(
         if path:
             bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
         else:
-            from nojit.loader.installed_bundles import open_installed_bundle
+            from nojit.loader.bundle.installed import open_installed_bundle
 
             wheel_bundle = open_installed_bundle(settings.bundle_sha256)  # sha256-pinned by the wheel's record
             if wheel_bundle is None:
@@ -286,19 +287,19 @@ def install(
         records = bundle.index.kernels
         tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
         if tilelang_ids:
-            from nojit.loader import tilelang_serving
+            from nojit.loader.runtimes.tilelang import serving as tilelang_serving
 
             inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, allow)  # filled as vLLM decorates
         clock.step("tilelang")
         flashinfer_ids = [k for k in wanted if records[k].runtime == "flashinfer"]
         if flashinfer_ids:
-            from nojit.loader import flashinfer_serving
+            from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
 
             inst.flashinfer = flashinfer_serving.install(bundle, flashinfer_ids, policy)
         clock.step("flashinfer")
         humming_ids = [k for k in wanted if records[k].runtime == "humming"]
         if humming_ids:
-            from nojit.loader import humming_serving
+            from nojit.loader.runtimes.humming import serving as humming_serving
 
             inst.humming = humming_serving.install(bundle, humming_ids, policy)
         clock.step("humming")
@@ -308,19 +309,19 @@ def install(
         clock.step("triton")
         cutedsl_ids = [k for k in wanted if records[k].runtime == "cutedsl"]
         if cutedsl_ids:
-            from nojit.loader import cutedsl_serving
+            from nojit.loader.runtimes.cutedsl import serving as cutedsl_serving
 
             inst.cutedsl = cutedsl_serving.install(bundle, cutedsl_ids, policy, allow, resolve)
         clock.step("cutedsl")
         deepgemm_ids = [k for k in wanted if records[k].runtime == "deepgemm"]
         if deepgemm_ids:  # after firewall.activate: DeepGEMM's compiler ends at the stand-in, its probe answered
-            from nojit.loader.deepgemm_serving import install_from_bundle
+            from nojit.loader.runtimes.deepgemm.serving import install_from_bundle
 
             inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
         clock.step("deepgemm")
-        from nojit.loader.cuda_launch import launcher
-        from nojit.loader.versions import check_arch
-        from nojit.loader.torch_cuda import device_capability
+        from nojit.loader.launch.cuda_launch import launcher
+        from nojit.loader.bundle.versions import check_arch
+        from nojit.loader.launch.torch_cuda import device_capability
 
         launcher().device_check = lambda device: check_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
@@ -360,8 +361,8 @@ def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver
     import triton
     from triton._utils import canonicalize_ptr_dtype
 
-    from nojit.loader.triton_key import ArgSpecializer
-    from nojit.loader.triton_serving import TritonKernelServer
+    from nojit.loader.bundle.triton_key import ArgSpecializer
+    from nojit.loader.runtimes.triton.serving import TritonKernelServer
 
     try:
         import torch

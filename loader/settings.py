@@ -114,7 +114,7 @@ class Settings:
     event_log = _OptionalPath(
         "NOJIT_EVENT_LOG", None,
         "JSONL file strict mode appends one line to per refused compiler (default: <runtime dir>/events.jsonl, "
-        "see loader/firewall.py).",
+        "see loader/strict/firewall.py).",
     )
     quiet = _Bool("NOJIT_QUIET", False, "Suppress the one-line summary the loader logs at install.")
     fast_path = _Bool("NOJIT_FAST_PATH", True,

@@ -32,7 +32,7 @@ class ProcessJit:
 
     name: str
     module: str  # importable module whose presence makes the JIT reachable
-    runtime: str  # the bundle runtime (nojit.loader.manifest.RUNTIMES) whose entries serve it
+    runtime: str  # the bundle runtime (nojit.loader.bundle.manifest.RUNTIMES) whose entries serve it
     used_for: str  # what DeepSeek-V4 on sm_90 uses it for
     switches: tuple[Switch, ...] = ()
     unavoidable: str = ""  # what no switch removes (a bundle without this runtime cannot serve that part)

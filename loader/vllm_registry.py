@@ -92,7 +92,7 @@ def warmup_through_bundle(registry: Any) -> None:
     """The wrapped `JitWarmupRegistry.warmup` (see the module docstring)."""
     global last_report
     from nojit.loader.install import current
-    from nojit.loader.triton_driver import answer_from_torch
+    from nojit.loader.runtimes.triton.driver import answer_from_torch
 
     inst = current()
     if inst is None:  # nojit is not serving in this process

@@ -32,7 +32,7 @@ sys.addaudithook(audit)
 
 import cutlass.cute as cute  # noqa: E402  (imports cuda-python, which runs `ldconfig -p` once, before the markers)
 
-from nojit.loader.bundle_file import Bundle  # noqa: E402
+from nojit.loader.bundle.file import Bundle  # noqa: E402
 
 # This box has no libcuda: vllm.vllm_flash_attn's __init__ (CUDA extensions) cannot load, and the indexer-q
 # module needs only its pure-Python cute.utils. The build uses the same stand-in (aot/runtimes/cutedsl/planner.py).
@@ -69,7 +69,7 @@ b.close()
 os.access(f"{marker}-BEGIN", os.F_OK)
 watching = True
 t0 = time.perf_counter()
-from nojit.loader import guards  # noqa: E402
+from nojit.loader.strict import guards  # noqa: E402
 from nojit.loader.errors import KernelNotInBundleError, NoJitError  # noqa: E402
 from nojit.loader.install import install  # noqa: E402
 
@@ -77,7 +77,7 @@ inst = install(bundle_path, mode="strict")
 t_install = time.perf_counter() - t0
 found: dict[str, list] = {}
 t1 = time.perf_counter()
-from nojit.loader.cutedsl_key import cache_slot  # noqa: E402
+from nojit.loader.bundle.cutedsl_key import cache_slot  # noqa: E402
 
 for kid, server in inst.cutedsl.items():
     for key in server.entries:

@@ -36,7 +36,7 @@ def _audit(event, args):
 sys.addaudithook(_audit)
 
 from nojit.aot.runtimes.humming import standin  # noqa: E402  (a stand-in for the GPU: device facts only)
-from nojit.loader.bundle_file import Bundle  # noqa: E402
+from nojit.loader.bundle.file import Bundle  # noqa: E402
 from nojit.loader.errors import KernelNotInBundleError  # noqa: E402
 from nojit.loader.install import install  # noqa: E402
 
@@ -47,7 +47,7 @@ if order in ("vllm", "transform"):  # vLLM's code computes Humming's configs bel
     deployment = load_deployment()
     install_deployment_platform(deployment.platform)
 if late:  # the stand-in goes in as soon as humming.device loads, before Humming's runtime (and nojit's seeding)
-    from nojit.loader.guards import RunAfterImport  # noqa: E402
+    from nojit.loader.strict.guards import RunAfterImport  # noqa: E402
 
     sys.meta_path.insert(0, RunAfterImport(lambda name: name == "humming.device",
                                            lambda: standin.install("NVIDIA H200", (9, 0), 132)))

@@ -43,7 +43,7 @@ def main() -> int:
 
     install_deployment_platform(PlatformFacts())
     from nojit.loader.install import install
-    from nojit.loader.tilelang_serving import TileLangKernelServer
+    from nojit.loader.runtimes.tilelang.serving import TileLangKernelServer
 
     inst = install(bundle, mode="strict")
     import vllm.model_executor.kernels.mhc.tilelang_kernels as tk
@@ -91,7 +91,7 @@ def launch_post_and_fused(tk) -> list:
     """Launch mhc_post and mhc_fused on CPU tensors through the stand-in driver."""
     import torch
 
-    import nojit.loader.tilelang_serving as ts
+    import nojit.loader.runtimes.tilelang.serving as ts
 
     ts.current_device = lambda: 0
     ts.current_stream = lambda device: 99

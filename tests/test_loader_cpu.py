@@ -17,11 +17,11 @@ import torch
 
 from conftest import needs_vllm
 from nojit.aot.bundle_writer import write_bundle
-from nojit.loader import guards
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.strict import guards
+from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import BundleMismatchError, CompileForbiddenError, KernelNotInBundleError, LaunchError
 from nojit.loader.install import install
-from nojit.loader.manifest import KernelRecord
+from nojit.loader.bundle.manifest import KernelRecord
 
 C128A = "vllm.models.deepseek_v4.sparse_mla:BuildC128ATopkMetadataKernel.kernel"
 
@@ -91,7 +91,7 @@ def test_unaligned_pointer_falls_back_to_the_generic_entry(installed):
 
 @needs_vllm
 def test_generic_entry_is_chosen_by_the_call_divisibility(installed):
-    from nojit.loader.triton_key import generic_spec, key_from_json, layout_spec
+    from nojit.loader.bundle.triton_key import generic_spec, key_from_json, layout_spec
 
     inst = installed(mode="strict")
     server = inst.triton[C128A]
@@ -236,8 +236,8 @@ def test_vllm_general_plugin_installs_the_bundle_in_each_process(small_build):
 
 def test_another_gpu_architecture_is_refused():
     from nojit.loader.errors import BundleMismatchError
-    from nojit.loader.manifest import Manifest, Producer, Target
-    from nojit.loader.versions import check_arch
+    from nojit.loader.bundle.manifest import Manifest, Producer, Target
+    from nojit.loader.bundle.versions import check_arch
 
     m = Manifest(1, Producer("0.1.0", None, None, None, None, None, "3.11", None), Target("cuda", 90, "sm_90a", 32),
                  {}, {}, (), {})

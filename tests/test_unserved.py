@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nojit.loader import unserved
-from nojit.loader.manifest import RUNTIMES
+from nojit.loader.bundle.manifest import RUNTIMES
 
 
 def test_every_runtime_serves_exactly_one_listed_jit():

@@ -117,7 +117,7 @@ def test_strict_warmup_with_empty_triton_cache_compiles_nothing(tmp_path, regist
     assert report["nojit"]["unserved"] == []
     assert report["nojit"]["keys"].get("Triton", 0) > 0 and report["nojit"]["keys"].get("TileLang", 0) > 0
     entries = sum(1 for _ in json.load(open(registry_bundle["plan"]))["requests"])
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     blobs = len({e.blob for e in Bundle.open(registry_bundle["bundle"]).manifest.entries})
     assert report["nojit"]["preloaded"] == entries and report["dry"]["loads"] == blobs  # a cubin loads once

@@ -3,7 +3,7 @@
 Humming is carried in `.device-hg/` (tools/prepare_humming_device.py: the installed humming-kernels package, its
 dependency wheels, the bundle, and the arguments of vLLM's first-forward calls into Humming for the deployment).
 This process is a serving process in nojit's strict mode: `nojit.loader.install` seeds Humming's cache from the
-bundle (loader/humming_serving.py) and guards Humming's compile step; every arrival at the compile step is counted
+bundle (loader/runtimes/humming/serving.py) and guards Humming's compile step; every arrival at the compile step is counted
 here, and every process start is recorded by an audit hook. Both must stay at 0.
 
 Per GEMM (w13: N=1024 K=4096, w2: N=4096 K=512; 256 experts, MXFP4 weights x block-FP8 activations, indexed
@@ -168,7 +168,7 @@ def count_compiles() -> list[str]:
 
 
 def compile_step_guarded() -> bool:
-    """Whether nojit's strict guard (loader/guards.py) sits on Humming's compile step (before count_compiles)."""
+    """Whether nojit's strict guard (loader/strict/guards.py) sits on Humming's compile step (before count_compiles)."""
     import humming.jit.compiler as compilers
 
     return all("_guard_humming" in cls.__dict__["_compile"].__func__.__qualname__

@@ -434,7 +434,7 @@ def child_main(opts) -> int:
 # ------------------------------------------------------------------------------------------------ parent
 def bundle_blobs(bundle_path: str) -> dict[str, tuple[str, bytes]]:
     """The bundle's Humming entries by the digest of their rendered source: (blob digest, cubin)."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(bundle_path)
     out = {}

@@ -31,8 +31,8 @@ def main() -> None:
     import vllm.third_party.deep_gemm as dg
 
     if spec.get("firewall"):  # serve from a seeded cache, probe answered in process
-        from nojit.loader.deepgemm_popen import PopenFirewall
-        from nojit.loader.deepgemm_serving import extension_path
+        from nojit.loader.runtimes.deepgemm.popen import PopenFirewall
+        from nojit.loader.runtimes.deepgemm.serving import extension_path
 
         firewall = PopenFirewall(nvcc=spec["firewall"]["nvcc"], version_text=spec["firewall"]["version_text"])
         firewall.install(extension_path(dg))

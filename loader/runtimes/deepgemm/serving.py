@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nojit.loader.deepgemm_cache import check_headers, find_key, headers_digest, section_of, seed
-from nojit.loader.deepgemm_popen import PopenFirewall
+from nojit.loader.runtimes.deepgemm.cache import check_headers, find_key, headers_digest, section_of, seed
+from nojit.loader.runtimes.deepgemm.popen import PopenFirewall
 from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError
 from nojit.loader.policy import KeyRecorder
 from nojit.loader.settings import Mode
@@ -157,7 +157,7 @@ def install_deepgemm(section: dict[str, Any], read_blob: Callable[[str], bytes],
     stand-in (firewall.activate ran first and set it; a process that escaped the in-process answer
     would be refused there too), otherwise the seeded stub. Either way its `--version` probe is
     answered in process and no process starts for a key the bundle holds."""
-    from nojit.loader import firewall as compiler_firewall
+    from nojit.loader.strict import firewall as compiler_firewall
 
     root = seed(section, read_blob, bundle_path)
     report = compiler_firewall.active()

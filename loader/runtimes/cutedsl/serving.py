@@ -22,12 +22,12 @@ import tempfile
 import threading
 from typing import Any
 
-from nojit.loader.bundle_file import Bundle
-from nojit.loader.cutedsl_key import cache_slot, key_from_json, key_text, key_to_json, source_hash
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.bundle.cutedsl_key import cache_slot, key_from_json, key_text, key_to_json, source_hash
 from nojit.loader.errors import BundleMismatchError, LaunchError
-from nojit.loader.manifest import CuteLaunch, Entry, KernelRecord
+from nojit.loader.bundle.manifest import CuteLaunch, Entry, KernelRecord
 from nojit.loader.policy import ServingPolicy
-from nojit.loader.versions import check_source
+from nojit.loader.bundle.versions import check_source
 
 RUNTIME = "cutedsl"
 TOOLS = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")  # what wrote and traced the objects, what loads them

@@ -19,15 +19,15 @@ import struct
 import threading
 from typing import Any
 
-from nojit.loader.bundle_file import Bundle
-from nojit.loader.cuda_launch import BundledFunction
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.launch.cuda_launch import BundledFunction
 from nojit.loader.errors import BundleMismatchError, LaunchError, NoJitError
-from nojit.loader.manifest import Entry, KernelRecord, TritonLaunch
+from nojit.loader.bundle.manifest import Entry, KernelRecord, TritonLaunch
 from nojit.loader.policy import ServingPolicy
-from nojit.loader.torch_cuda import current_device, current_stream
-from nojit.loader.source_parts import unchanged_since_build
-from nojit.loader.versions import check_source
-from nojit.loader.triton_key import (
+from nojit.loader.launch.torch_cuda import current_device, current_stream
+from nojit.loader.runtimes.triton.source_parts import unchanged_since_build
+from nojit.loader.bundle.versions import check_source
+from nojit.loader.bundle.triton_key import (
     ArgSpecializer,
     Key,
     UnsupportedArgument,
@@ -145,7 +145,7 @@ class TritonKernelServer:
 
     Installing costs nothing per kernel: `fn.run` first points at `_first_call`, and the kernel is
     prepared at its first use (a call, `kernel.warmup`, vLLM's warmup registry, `preload`): its live
-    source checked against the bundle's (loader/source_parts.py, else Triton's cache_key), its exact
+    source checked against the bundle's (loader/runtimes/triton/source_parts.py, else Triton's cache_key), its exact
     entries read and validated (the generic ones at its first miss), its variants, binder and fast-path
     tables built. Then `fn.run` is the real entry point.
     """
@@ -217,7 +217,7 @@ class TritonKernelServer:
             if self.fn.__dict__.get("run") == self._first_call:  # still installed: point it at the real path
                 self.fn.run = self.entry_point
                 if self._fast is not None:  # kernel[grid] bound in C, without Triton's lambda
-                    from nojit.loader.triton_fast import serve_getitem
+                    from nojit.loader.runtimes.triton.fast import serve_getitem
 
                     serve_getitem(self.fn)
             self._ready = True
@@ -235,7 +235,7 @@ class TritonKernelServer:
         # every hit), else run itself.
         entry_point = self.run
         if self._fast_path and not self.policy.recording:
-            from nojit.loader.triton_fast import TritonFastPath, fast_module, make_run
+            from nojit.loader.runtimes.triton.fast import TritonFastPath, fast_module, make_run
 
             if fast_module() is not None:
                 self._fast = TritonFastPath(self.fn, self._specializer, self._exact)

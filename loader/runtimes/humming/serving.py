@@ -5,7 +5,7 @@ and `ProcessInputKernel.prepare_kernels` construct one kernel object per tuning 
 `KernelRuntime.compile_many` (humming/jit/runtime.py), and each object's `prepare()` calls
 `Compiler.compile(code, ...)`, which returns `$HUMMING_CACHE_DIR/<key>/kernel.cubin` when it exists and otherwise
 starts the NVRTC child. Humming's key holds this machine's header mtimes, install paths and NVRTC version, so
-the bundle carries what the key is made of and the seed (loader/humming_cache.py) lets this process's Humming
+the bundle carries what the key is made of and the seed (loader/runtimes/humming/cache.py) lets this process's Humming
 compute it and write its own layout with the bundled cubin. Humming then finds every bundled kernel by its
 own lookup: no process, no compile.
 
@@ -17,7 +17,7 @@ A kernel the bundle lacks is caught where Humming is about to construct it (`Ker
 kernel class and its arguments, the bundle's key, whether `compile_many` constructs it at the first forward or
 the weight transform's ops construct it directly at weight loading): strict mode raises KernelNotInBundleError
 naming the kernel, its shape and configuration and how to add it; record mode records the key (for
-`nojit build --add-keys`) and lets Humming compile. Humming's compile step stays guarded in strict mode (loader/guards.py) behind this.
+`nojit build --add-keys`) and lets Humming compile. Humming's compile step stays guarded in strict mode (loader/strict/guards.py) behind this.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> HummingServing |
     if RUNTIME_MODULE in sys.modules:
         activate()
     elif not _state["hook"]:
-        from nojit.loader.guards import RunAfterImport
+        from nojit.loader.strict.guards import RunAfterImport
 
         sys.meta_path.insert(0, RunAfterImport(lambda name: name == RUNTIME_MODULE, activate))
         _state["hook"] = True
@@ -215,7 +215,7 @@ def activate() -> None:
     from humming.jit.runtime import KernelRuntime
     from humming.utils import jit as jit_utils
 
-    from nojit.loader import humming_cache
+    from nojit.loader.runtimes.humming import cache as humming_cache
 
     for cached in (jit_utils.get_humming_cache_dir, jit_utils.get_humming_tmp_dir):
         cached.cache_clear()  # read the variables install() set, even if Humming looked before

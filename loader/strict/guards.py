@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from nojit.loader import firewall
+from nojit.loader.strict import firewall
 from nojit.loader.errors import CompileForbiddenError
 
 COMPILER_BINARIES = frozenset(
@@ -271,7 +271,7 @@ def _guard_triton_build(triton: Any) -> None:
 def _refused_triton_compile(*args: Any, **kwargs: Any) -> Any:
     """The code triton.compile runs in strict mode. It runs with Triton's module globals, so it names only
     builtins and reaches refuse_triton_compile through the import system."""
-    raise __import__("nojit.loader.guards", fromlist=["refuse_triton_compile"]).refuse_triton_compile(args)
+    raise __import__("nojit.loader.strict.guards", fromlist=["refuse_triton_compile"]).refuse_triton_compile(args)
 
 
 def refuse_triton_compile(args: tuple) -> CompileForbiddenError:

@@ -36,7 +36,7 @@ def section_digest(section: dict[str, Any]) -> str:
 
 def cache_root(section: dict[str, Any], base: str | None = None) -> str:
     if not base and not os.environ.get("NOJIT_DEEPGEMM_DIR"):
-        from nojit.loader.firewall import runtime_dir  # this user's 0700 folder: nobody else can add entries
+        from nojit.loader.strict.firewall import runtime_dir  # this user's 0700 folder: nobody else can add entries
 
         base = os.path.join(runtime_dir(), "deepgemm")
     base = base or os.environ["NOJIT_DEEPGEMM_DIR"]

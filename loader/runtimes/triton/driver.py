@@ -37,17 +37,17 @@ class TorchAnsweredDriver:
         return True
 
     def get_current_device(self) -> int:
-        from nojit.loader.torch_cuda import current_device
+        from nojit.loader.launch.torch_cuda import current_device
 
         return current_device()
 
     def get_current_stream(self, device: int | None = None) -> int:
-        from nojit.loader.torch_cuda import current_device, current_stream
+        from nojit.loader.launch.torch_cuda import current_device, current_stream
 
         return current_stream(current_device() if device is None else device)
 
     def get_device_capability(self, device: int | None = None) -> tuple[int, int]:
-        from nojit.loader.torch_cuda import current_device, device_capability
+        from nojit.loader.launch.torch_cuda import current_device, device_capability
 
         return device_capability(current_device() if device is None else device)
 

@@ -226,7 +226,7 @@ def _register_provider(serving: FlashInferServing, bundle_path: str) -> None:
         real = present
     elif importlib.util.find_spec(SHIM) is not None:  # a flashinfer-jit-cache package is installed too
         real = importlib.import_module(SHIM)
-    shim = types.ModuleType(SHIM, "nojit: FlashInfer modules served from a nojit bundle (loader/flashinfer_serving.py)")
+    shim = types.ModuleType(SHIM, "nojit: FlashInfer modules served from a nojit bundle (loader/runtimes/flashinfer/serving.py)")
     shim.__spec__ = importlib.machinery.ModuleSpec(SHIM, None, origin=f"nojit bundle {bundle_path}")
     shim.__version__ = getattr(real, "__version__", serving.version)
     if real is not None:
@@ -328,7 +328,7 @@ def watch_builds(policy: Any) -> None:
     if CORE in sys.modules:
         _patch_core()
     elif not _watch["hook"]:
-        from nojit.loader.guards import RunAfterImport  # patches FlashInfer's build path when jit.core loads
+        from nojit.loader.strict.guards import RunAfterImport  # patches FlashInfer's build path when jit.core loads
 
         sys.meta_path.insert(0, RunAfterImport(lambda name: name == CORE and not _watch["patched"], _patch_core))
         _watch["hook"] = True

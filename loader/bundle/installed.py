@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from nojit.loader.bundle_file import Bundle, Pin
+from nojit.loader.bundle.file import Bundle, Pin
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
 
 ENTRY_POINT_GROUP = "nojit.bundles"

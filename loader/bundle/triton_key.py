@@ -24,7 +24,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from nojit.loader.key_values import UnsupportedArgument, check_tagged, tag
+from nojit.loader.bundle.key_values import UnsupportedArgument, check_tagged, tag
 
 SpecItem = tuple[Any, Any]
 Key = tuple[tuple[SpecItem, ...], tuple[tuple[str, Any], ...]]

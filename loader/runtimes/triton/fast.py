@@ -31,7 +31,7 @@ from typing import Any
 import logging
 
 from nojit.loader.errors import LaunchError
-from nojit.loader.triton_key import Key, generated
+from nojit.loader.bundle.triton_key import Key, generated
 
 # Codes shared with csrc/nojit_fast.c.
 K_CONSTEXPR, K_PLAIN, K_ANNOT, K_FIXED = 0, 1, 2, 3
@@ -85,7 +85,7 @@ def _setup_dlpack(m: Any, torch: Any) -> str:
                 samples.append(torch.empty(0, dtype=dtype))
             except Exception:  # a dtype torch cannot allocate (quantized, bits): read through torch
                 samples.append(None)
-    # runners made with torch's raw stream accessor (nojit.loader.torch_cuda.current_stream) read the stream
+    # runners made with torch's raw stream accessor (nojit.loader.launch.torch_cuda.current_stream) read the stream
     # through the API instead; runners given any other accessor call it
     accessor = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     from nojit.loader.settings import settings
@@ -108,7 +108,7 @@ def _ensure_launch_entry() -> None:
     global _launch_ready
     if _launch_ready:
         return
-    from nojit.loader.cuda_launch import launcher
+    from nojit.loader.launch.cuda_launch import launcher
 
     lch = launcher()
     out = lch._ffi.new("uint64_t *")
@@ -275,7 +275,7 @@ def make_run(server: Any, fast: TritonFastPath) -> Any:
     if any(n in ("grid", "warmup") or n.startswith("_nj_") or not n.isidentifier() for n in names):
         return server.run
     m = fast_module()
-    from nojit.loader.torch_cuda import current_device, current_stream
+    from nojit.loader.launch.torch_cuda import current_device, current_stream
 
     slow = server.run
     tables_by_raw: dict[tuple, Any] = {}

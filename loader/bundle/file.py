@@ -42,7 +42,7 @@ from typing import Any
 import zstandard
 
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
-from nojit.loader.manifest import (
+from nojit.loader.bundle.manifest import (
     FORMAT_VERSION,
     VARIANTS,
     Entry,

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from nojit.loader.errors import BundleMismatchError
-from nojit.loader.manifest import Index, Manifest
+from nojit.loader.bundle.manifest import Index, Manifest
 
 from nojit.loader.settings import MISMATCH_FACTS  # noqa: F401  (the words NOJIT_ALLOW_MISMATCH accepts)
 

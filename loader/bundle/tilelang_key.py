@@ -18,7 +18,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from nojit.loader.key_values import check_tagged, tag
+from nojit.loader.bundle.key_values import check_tagged, tag
 
 MISSING = object()  # a tensor argument not given (TileLang's compile(**scalars) form)
 

@@ -131,8 +131,8 @@ class Producer:
     nvcc: str | None
     python: str
     torch: str | None
-    # tool -> version probe -> {"stdout", "stderr"}: what the build's compilers answered (loader/toolchain.py);
-    # strict mode's stand-ins replay it (loader/firewall.py). Optional: older bundles have none.
+    # tool -> version probe -> {"stdout", "stderr"}: what the build's compilers answered (loader/strict/toolchain.py);
+    # strict mode's stand-ins replay it (loader/strict/firewall.py). Optional: older bundles have none.
     toolchain: dict[str, dict[str, dict[str, str]]] | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -326,7 +326,7 @@ class TileLangLaunch:
 
     @classmethod
     def from_json(cls, f: _Fields) -> TileLangLaunch:
-        from nojit.loader.launch_expr import validate_expr
+        from nojit.loader.bundle.launch_expr import validate_expr
 
         params = f.get("params", list)
         tensor_params = f.get("tensor_params", list)
@@ -424,7 +424,7 @@ class CuteLaunch:
 @dataclass(frozen=True)
 class DeepGemmLaunch:
     """One DeepGEMM cache entry: DeepGEMM launches it itself, after finding it by this name in the cache
-    the loader seeds (loader/deepgemm_cache.py). source is the kernel.cu DeepGEMM generated; calls are the
+    the loader seeds (loader/runtimes/deepgemm/cache.py). source is the kernel.cu DeepGEMM generated; calls are the
     (shape, N, K, first M, last M) runs the build saw DeepGEMM pick this entry for (messages, coverage)."""
 
     entry: str
@@ -461,7 +461,7 @@ class KernelRecord:
     or, for TileLang, the sha256 of the kernel function's source text; the loader refuses
     to serve a kernel whose live source no longer has this digest. A Triton kernel's info may hold
     `source_parts` (optional; what that cache_key was made of, so that the loader can prove it unchanged
-    without Triton's AST walk: loader/source_parts.py); without it the loader asks cache_key.
+    without Triton's AST walk: loader/runtimes/triton/source_parts.py); without it the loader asks cache_key.
     """
 
     id: str
@@ -698,13 +698,13 @@ def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, Blob
         launch = CuteLaunch.from_json(lf)
         _check_cute_key(ef, key)
     elif record.runtime == "flashinfer":
-        from nojit.loader.flashinfer_serving import FlashInferLaunch
+        from nojit.loader.runtimes.flashinfer.serving import FlashInferLaunch
 
         launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
         if launch.kind == "module" and key != launch.module:
             raise ef._bad("key", "is not the FlashInfer module's name")
     elif record.runtime == "humming":
-        from nojit.loader.humming_serving import HummingLaunch
+        from nojit.loader.runtimes.humming.serving import HummingLaunch
 
         launch = HummingLaunch.from_json(lf)  # type: ignore[assignment]
         if not (isinstance(key, dict) and key.get("class") == kernel and isinstance(key.get("args"), dict)):
@@ -725,7 +725,7 @@ def entry_section_json(e: Entry) -> dict[str, Any]:
 def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: KernelRecord) -> Any:
     """The key decodes, has one item per parameter, and the launch passes exactly its run-time items, typed alike.
     Returns the decoded key."""
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.bundle.triton_key import key_from_json
 
     try:
         decoded = key_from_json(key)
@@ -747,7 +747,7 @@ def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: Kerne
 
 
 def _check_cute_key(ef: _Fields, key: Any) -> None:
-    from nojit.loader.cutedsl_key import validate
+    from nojit.loader.bundle.cutedsl_key import validate
 
     try:
         validate(key)
@@ -756,7 +756,7 @@ def _check_cute_key(ef: _Fields, key: Any) -> None:
 
 
 def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:
-    from nojit.loader.tilelang_key import key_from_json
+    from nojit.loader.bundle.tilelang_key import key_from_json
 
     try:
         key_from_json(key)
@@ -766,7 +766,7 @@ def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:
 
 def _check_kernel_entries(record: KernelRecord, entries: list[Entry], source: str) -> None:
     """Across one kernel's entries: no key twice, and one TileLang tensor signature (the server reads the first)."""
-    from nojit.loader.bundle_file import canonical_json
+    from nojit.loader.bundle.file import canonical_json
 
     seen: set[tuple[bytes, str]] = set()
     for e in entries:

@@ -69,7 +69,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from nojit.loader import toolchain as toolchain_mod
+from nojit.loader.strict import toolchain as toolchain_mod
 from nojit.loader.errors import NoJitError
 from nojit.loader.settings import settings
 
@@ -171,7 +171,7 @@ def log_event(event: dict[str, Any]) -> None:
 
 
 _SCRIPT = r"""#!/bin/sh
-# nojit strict-mode compiler stand-in (loader/firewall.py): answers version probes with the
+# nojit strict-mode compiler stand-in (loader/strict/firewall.py): answers version probes with the
 # versions the bundle recorded, refuses everything else. Linked under every compiler name.
 fw=@FW@
 log=@LOG@

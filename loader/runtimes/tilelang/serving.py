@@ -26,17 +26,17 @@ import threading
 import types
 from typing import Any
 
-from nojit.loader.bundle_file import Bundle
-from nojit.loader.cuda_launch import BundledFunction
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.launch.cuda_launch import BundledFunction
 from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError, LaunchError, NoJitError
-from nojit.loader.launch_expr import evaluate
-from nojit.loader.manifest import Entry, KernelRecord, TileLangLaunch
+from nojit.loader.bundle.launch_expr import evaluate
+from nojit.loader.bundle.manifest import Entry, KernelRecord, TileLangLaunch
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.settings import Mode, settings
-from nojit.loader.tilelang_key import MISSING, key_from_json, key_text, key_to_json, make_binder, source_hash
-from nojit.loader.torch_cuda import current_device, current_stream
-from nojit.loader.triton_fast import _ensure_launch_entry, fast_module
-from nojit.loader.versions import check_source
+from nojit.loader.bundle.tilelang_key import MISSING, key_from_json, key_text, key_to_json, make_binder, source_hash
+from nojit.loader.launch.torch_cuda import current_device, current_stream
+from nojit.loader.runtimes.triton.fast import _ensure_launch_entry, fast_module
+from nojit.loader.bundle.versions import check_source
 
 log = logging.getLogger("nojit")
 

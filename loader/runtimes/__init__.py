@@ -1,0 +1,1 @@
+"""The serving side's runtime rooms, one folder per kernel runtime."""

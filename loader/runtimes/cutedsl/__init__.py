@@ -1,0 +1,1 @@
+"""Serving cutedsl kernels from a bundle."""

@@ -1,0 +1,1 @@
+"""Serving deepgemm kernels from a bundle."""

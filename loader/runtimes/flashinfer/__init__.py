@@ -1,0 +1,1 @@
+"""Serving flashinfer kernels from a bundle."""

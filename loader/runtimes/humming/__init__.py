@@ -1,0 +1,1 @@
+"""Serving humming kernels from a bundle."""

@@ -1,0 +1,1 @@
+"""Serving tilelang kernels from a bundle."""

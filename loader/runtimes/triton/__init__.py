@@ -1,0 +1,1 @@
+"""Serving triton kernels from a bundle."""
