@@ -87,7 +87,7 @@ def main() -> int:
     nojit_us = per_call_us(lambda: fn[GRID](**kwargs))
 
     # The C launcher alone, arguments already packed: the floor nojit's Python layer adds to.
-    server = inst.triton[kid]
+    server = inst.servers("triton")[kid]
     variant = server.exact[key]
     bound, _spec, _opts = server._binder(**{**kwargs, "debug": False, "instrumentation_mode": ""})
     from nojit.loader.launch.cuda_launch import launcher

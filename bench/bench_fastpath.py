@@ -126,7 +126,7 @@ def dispatch_and_device(args, smap) -> dict:
     m = triton_fast.fast_module()
     rows, dev_rows = [], []
     for kid in kids:
-        server = inst.triton[kid]
+        server = inst.servers("triton")[kid]
         fn = server.fn
         grid = grid_for(fn)
         for key in exact_keys(bundle, kid, args.keys):

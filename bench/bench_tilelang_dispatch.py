@@ -79,7 +79,7 @@ def tilelang_dispatch(bundle_path: str, tokens: int = 1, split_k: int = 2, devic
     import nojit.loader.runtimes.tilelang.serving as ts
     from nojit.loader.bundle.file import Bundle
     from nojit.loader.bundle.manifest import TileLangLaunch
-    from nojit.loader.runtimes.triton.fast import _ensure_launch_entry, fast_module
+    from nojit.loader.launch.fast_module import ensure_launch_entry, fast_module
 
     gpu = device == "cuda" and torch.cuda.is_available()
     if not gpu:  # the stand-in driver: device 0, a fixed stream
@@ -110,7 +110,7 @@ def tilelang_dispatch(bundle_path: str, tokens: int = 1, split_k: int = 2, devic
         if not gpu:
             os.environ["FAKE_CUDA_PARAM_SIZES"] = ",".join("8" if p["kind"] == "tensor" else "4" for p in launch.params)
             variant._bundle = _FakeBlobs(launch.symbol, launch.params)
-        _ensure_launch_entry()
+        ensure_launch_entry()
         fast_module().tl_set_function(variant._plan, dev, variant.load(dev))
         server = _server_for(entry, variant)
         server(*tensors)  # warm: a served call through the C path

@@ -52,7 +52,7 @@ out = {"open_ms": best(lambda: Bundle.open(path).close())}
 from nojit.loader.install import install
 c = time.thread_time(); t = time.perf_counter(); inst = install(path, mode="strict"); out["install_first_ms"] = (time.perf_counter() - t) * 1e3
 out["install_first_cpu_ms"] = (time.thread_time() - c) * 1e3
-out["kernels"] = [len(inst.triton), len(inst.tilelang)]
+out["kernels"] = [len(inst.servers("triton")), len(inst.servers("tilelang"))]
 inst.uninstall()
 def once():
     install(path, mode="strict").uninstall()

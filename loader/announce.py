@@ -10,11 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from nojit.loader.bundle.manifest import RUNTIMES
+from nojit.loader.runtimes import in_manifest_order
 from nojit.loader.settings import Mode, settings
-
-_DISPLAY = {"triton": "Triton", "tilelang": "TileLang", "cutedsl": "CuTeDSL", "deepgemm": "DeepGEMM",
-            "flashinfer": "FlashInfer", "humming": "Humming"}
 
 _announced_pid: int | None = None
 
@@ -43,7 +40,7 @@ def summary_line(inst: object) -> str:
     versions = ", ".join(f"{name} {v}" for name, v in (("vLLM", p.vllm), ("Triton", p.triton), ("TileLang", p.tilelang))
                          if v)
     runtimes = [k.runtime for k in m.kernels.values()]
-    counts = " + ".join(f"{runtimes.count(r)} {_DISPLAY.get(r, r)}" for r in RUNTIMES if r in runtimes)
+    counts = " + ".join(f"{runtimes.count(r.name)} {r.display}" for r in in_manifest_order() if r.name in runtimes)
     kernels = f"{counts or 'no'} kernels, {m.entry_count} entries"
     return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
             f"mode {inst.mode.value}; firewall {firewall_state(inst)}")

@@ -14,13 +14,8 @@ so all of it is checked at startup, before serving; `Installation.prepare()` doe
 
 from __future__ import annotations
 
-import importlib
-import importlib.metadata
-import importlib.util
 import logging
 import os
-import pathlib
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,120 +24,18 @@ from typing import Any
 
 from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
+from nojit.loader.faces import Handle, InstallContext
 from nojit.loader.strict import firewall
 from nojit.loader.strict.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
+from nojit.loader.resolve import jit_function_of, resolve_installed, resolve_object  # noqa: F401 (public names of install)
 from nojit.loader.settings import Mode, settings
 from nojit.loader.bundle.versions import RuntimeVersions, check_versions
+from nojit.loader.runtimes import RUNTIMES
 
 log = logging.getLogger("nojit")
 
 Resolver = Callable[[str], Any]
-
-
-def resolve_object(kernel_id: str, import_module: Callable[[str], Any] = importlib.import_module) -> Any:
-    """The live object named "module:qualname" (importing the module with `import_module`)."""
-    module_name, _, qualname = kernel_id.partition(":")
-    try:
-        obj: Any = import_module(module_name)
-    except ImportError as exc:
-        raise BundleMismatchError(
-            f"kernel {kernel_id}: module {module_name} cannot be imported ({exc})",
-            fix="the installed vLLM does not have this kernel: rebuild the bundle against it with `nojit build`",
-        ) from None
-    for part in qualname.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise BundleMismatchError(
-                f"kernel {kernel_id}: {module_name} has no {qualname}",
-                fix="the installed vLLM does not have this kernel: rebuild the bundle against it with `nojit build`",
-            ) from None
-    return obj
-
-
-def resolve_installed(kernel_id: str, packages: tuple[str, ...] = ("vllm",)) -> Any:
-    """`resolve_object` for a kernel id read from a bundle: the module is imported only if it is an installed
-    file of one of `packages` (the packages the bundle was built from), so bundle data never picks what runs."""
-    _check_importable(kernel_id, kernel_id.partition(":")[0], packages)
-    return resolve_object(kernel_id)
-
-
-def _check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]) -> None:
-    refuse = BundleMismatchError(
-        f"kernel {kernel_id}: {module_name} is not a module of the installed {' or '.join(packages) or '(no package)'}; "
-        "nojit imports nothing else a bundle names",
-        fix="the bundle is not from this vLLM (or was edited): rebuild it with `nojit build`",
-    )
-    root = module_name.partition(".")[0]
-    if root not in packages or not all(p.isidentifier() for p in module_name.split(".")):
-        raise refuse
-    if module_name in _checked_modules:
-        return
-    try:
-        spec = importlib.util.find_spec(module_name)  # imports the parent packages: modules of `root`
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.origin or not _is_installed_file(root, spec.origin):
-        raise refuse
-    _checked_modules.add(module_name)
-
-
-_checked_modules: set[str] = set()
-_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...]]] = {}  # package -> (site root, RECORD paths, dirs)
-
-
-def _is_installed_file(package: str, origin: str) -> bool:
-    """Whether `origin` is a .py file the installed distribution of `package` holds (a line of its RECORD),
-    or, for an editable (development) install whose RECORD lists no modules, a .py file of its source tree.
-    One RECORD read per package; no per-file work over the whole distribution."""
-    found = _installed.get(package)
-    if found is None:
-        root, record = "", ""
-        try:
-            dist = _distribution(package)
-            root = os.path.abspath(str(dist.locate_file("")))
-            record = dist.read_text("RECORD") or ""
-        except importlib.metadata.PackageNotFoundError:
-            pass
-        spec = importlib.util.find_spec(package)
-        dirs = tuple(os.path.realpath(d) for d in (spec.submodule_search_locations or ())) if spec else ()
-        listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
-        found = _installed[package] = (root, listed, dirs)
-    root, listed, dirs = found
-    path = os.path.realpath(origin)
-    if not path.endswith(".py"):
-        return False
-    # RECORD names files relative to the folder holding the dist-info, as the import system finds them there: a
-    # layered image may link the package folder in from elsewhere, so compare the unresolved paths, then resolved
-    if root and (os.path.relpath(os.path.abspath(origin), root) in listed
-                 or os.path.relpath(path, os.path.realpath(root)) in listed):
-        return True
-    has_modules = any(p.endswith("/__init__.py") for p in listed)
-    return not has_modules and any(path.startswith(d + os.sep) for d in dirs)
-
-
-def _distribution(package: str) -> importlib.metadata.Distribution:
-    """The package's distribution, found next to it (one directory listing) before a search of sys.path."""
-    from nojit.loader.bundle.versions import dist_info_dir
-
-    found = dist_info_dir(package)
-    if found is not None:
-        return importlib.metadata.PathDistribution(pathlib.Path(found))
-    return importlib.metadata.distribution(package)
-
-
-def jit_function_of(obj: Any) -> Any:
-    """The JITFunction under autotuner/heuristics wrappers."""
-    from triton.runtime.jit import JITFunction
-
-    seen = 0
-    while not isinstance(obj, JITFunction):
-        obj = getattr(obj, "fn", None)
-        seen += 1
-        if obj is None or seen > 8:
-            return None
-    return obj
 
 
 @dataclass
@@ -152,23 +45,25 @@ class Installation:
     bundle: Bundle
     policy: ServingPolicy
     mode: Mode
-    triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
-    tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
-    cutedsl: dict[str, Any] = field(default_factory=dict)  # kernel id -> CuteKernelServer (cutedsl_serving)
-    deepgemm: Any = None  # DeepGemmServing (loader/runtimes/deepgemm/serving.py) when the bundle has DeepGEMM entries
-    flashinfer: Any = None  # FlashInferServing: FlashInfer's modules as a jit-cache provider (flashinfer_serving.py)
-    humming: Any = None  # HummingServing: Humming's cache seeded from the bundle (humming_serving.py)
+    handles: dict[str, Handle] = field(default_factory=dict)  # runtime name -> what its install did
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
     timings: dict[str, float] = field(default_factory=dict)  # ms per step of install() (bench/bench_fastpath.py)
 
+    def servers(self, runtime: str) -> dict[str, Any]:
+        """kernel id -> server of one runtime (empty when the bundle holds none of its kernels)."""
+        handle = self.handles.get(runtime)
+        return handle.servers if handle is not None else {}
+
+    def state(self, runtime: str) -> Any:
+        """One runtime's own record of its install (DeepGemmServing, FlashInferServing, ...), or None."""
+        handle = self.handles.get(runtime)
+        return handle.state if handle is not None else None
+
     def prepare(self) -> int:
         """Check and prepare every installed kernel now (source hash, its section of the bundle, launch tables);
         install() leaves this to each kernel's first use. Returns how many kernels."""
-        servers = (*self.triton.values(), *self.tilelang.values())
-        for s in servers:
-            s.prepare()
-        return len(servers)
+        return sum(h.prepare() for h in self.handles.values())
 
     def preload(self, device: int | None = None) -> int:
         """Load every bundled module on `device` (default: current), preparing every kernel first. Call before
@@ -176,45 +71,20 @@ class Installation:
         from nojit.loader.launch.torch_cuda import current_device
 
         dev = current_device() if device is None else device
-        return sum(s.preload(dev) for s in (*self.triton.values(), *self.tilelang.values(), *self.cutedsl.values()))
+        return sum(h.preload(dev) for h in self.handles.values())
 
     def uninstall(self) -> None:
         """Give the kernels back their own JIT paths and lift the strict guards (tests and tools)."""
         global _current
-        from nojit.loader.runtimes.triton.fast import restore_getitem
-
-        for server in self.triton.values():
-            server.fn.__dict__.pop("run", None)
-            restore_getitem(server.fn)  # its own class back (kernel[grid] bound in C)
-        if self.tilelang:
-            from nojit.loader.runtimes.tilelang import serving as tilelang_serving
-
-            tilelang_serving.uninstall(self.tilelang)
-        for server in self.cutedsl.values():
-            server.uninstall()
-        if self.flashinfer is not None:
-            from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
-
-            flashinfer_serving.uninstall()
-        if self.humming is not None:
-            from nojit.loader.runtimes.humming import serving as humming_serving
-
-            humming_serving.uninstall()
-        self.triton.clear()
-        self.tilelang.clear()
-        self.cutedsl.clear()
-        if self.deepgemm is not None:  # vLLM's DeepGEMM entry points back (the probe answer stays in place)
-            import vllm.utils.deep_gemm as vllm_dg
-
-            for op, original in self.deepgemm.originals.items():
-                setattr(vllm_dg, op, original)
-            self.deepgemm = None
+        for handle in self.handles.values():
+            handle.uninstall()
+        self.handles.clear()
         from nojit.loader.strict import guards
-        from nojit.loader.runtimes.triton import driver as triton_driver
 
         guards.deactivate()
-        if "triton" in sys.modules:
-            triton_driver.restore()
+        for runtime in RUNTIMES.values():
+            if runtime.restore is not None:
+                runtime.restore()
         with _lock:
             if _current is self:
                 _current = None
@@ -285,40 +155,19 @@ def install(
         resolve = resolver or (lambda kid: resolve_installed(kid, packages))
         wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
         records = bundle.index.kernels
-        tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
-        if tilelang_ids:
-            from nojit.loader.runtimes.tilelang import serving as tilelang_serving
-
-            inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, allow)  # filled as vLLM decorates
-        clock.step("tilelang")
-        flashinfer_ids = [k for k in wanted if records[k].runtime == "flashinfer"]
-        if flashinfer_ids:
-            from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
-
-            inst.flashinfer = flashinfer_serving.install(bundle, flashinfer_ids, policy)
-        clock.step("flashinfer")
-        humming_ids = [k for k in wanted if records[k].runtime == "humming"]
-        if humming_ids:
-            from nojit.loader.runtimes.humming import serving as humming_serving
-
-            inst.humming = humming_serving.install(bundle, humming_ids, policy)
-        clock.step("humming")
-        triton_ids = [k for k in wanted if records[k].runtime == "triton"]
-        if triton_ids:
-            _install_triton(inst, triton_ids, resolve, allow)
-        clock.step("triton")
-        cutedsl_ids = [k for k in wanted if records[k].runtime == "cutedsl"]
-        if cutedsl_ids:
-            from nojit.loader.runtimes.cutedsl import serving as cutedsl_serving
-
-            inst.cutedsl = cutedsl_serving.install(bundle, cutedsl_ids, policy, allow, resolve)
-        clock.step("cutedsl")
-        deepgemm_ids = [k for k in wanted if records[k].runtime == "deepgemm"]
-        if deepgemm_ids:  # after firewall.activate: DeepGEMM's compiler ends at the stand-in, its probe answered
-            from nojit.loader.runtimes.deepgemm.serving import install_from_bundle
-
-            inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
-        clock.step("deepgemm")
+        unserved = sorted({records[k].runtime for k in wanted} - set(RUNTIMES))
+        if unserved:
+            raise BundleMismatchError(f"{path}: holds kernels of runtime {', '.join(unserved)}, which this nojit "
+                                      "does not serve", fix="install the nojit that built the bundle, or rebuild "
+                                      f"it with --runtime {','.join(r for r in RUNTIMES)}")
+        counts: list[str] = []
+        for runtime in RUNTIMES.values():
+            ids = [k for k in wanted if records[k].runtime == runtime.name]
+            if ids:
+                ctx = InstallContext(bundle, ids, policy, allow, resolve, inst.allowed_differences)
+                inst.handles[runtime.name] = runtime.install(ctx)
+                counts.append(f"{len(ids)} {runtime.display}")
+            clock.step(runtime.name)
         from nojit.loader.launch.cuda_launch import launcher
         from nojit.loader.bundle.versions import check_arch
         from nojit.loader.launch.torch_cuda import device_capability
@@ -330,10 +179,8 @@ def install(
         for line in allowed:
             log.warning("nojit: serving %s although %s (NOJIT_ALLOW_MISMATCH)", path, line)
         if not settings.quiet:
-            log.info(
-                "nojit: serving %d Triton and %d TileLang kernels (%d entries) from %s in %s mode",
-                len(inst.triton), len(inst.tilelang), bundle.index.entry_count, path, mode.value,
-            )
+            log.info("nojit: serving %s kernels (%d entries) from %s in %s mode", " + ".join(counts) or "no",
+                     bundle.index.entry_count, path, mode.value)
         inst.timings = clock.steps
         _current = inst
         return inst
@@ -355,38 +202,3 @@ class _Steps:
 def _allowed_words(words: Any) -> frozenset[str]:
     """install(allow_mismatch=...) takes the words NOJIT_ALLOW_MISMATCH takes, checked the same way."""
     return type(settings).allow_mismatch.parse(",".join(words))
-
-
-def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver, allow: frozenset[str]) -> None:
-    import triton
-    from triton._utils import canonicalize_ptr_dtype
-
-    from nojit.loader.bundle.triton_key import ArgSpecializer
-    from nojit.loader.runtimes.triton.serving import TritonKernelServer
-
-    try:
-        import torch
-
-        tensor_cls: type | None = torch.Tensor
-    except ImportError:  # pragma: no cover
-        tensor_cls = None
-    specializer = ArgSpecializer(canonicalize_ptr_dtype, tensor_cls)
-    knobs = triton.knobs
-    debug = bool(knobs.runtime.debug)
-    instrumentation_mode = knobs.compilation.instrumentation_mode
-    bundle = inst.bundle
-    for kid in kernel_ids:
-        fn = jit_function_of(resolve(kid))
-        if fn is None:
-            raise BundleMismatchError(
-                f"kernel {kid} is not a Triton JITFunction in this process",
-                fix="vLLM replaced Triton with a placeholder (no GPU driver?) or the kernel changed; "
-                "rebuild the bundle against the installed vLLM",
-            )
-        # Source check, section and tables: at the kernel's first use (TritonKernelServer.prepare); in a vLLM
-        # worker that is the warmup registry's preflight, then preload() for every kernel, before serving.
-        server = TritonKernelServer(fn, bundle.index.kernels[kid], bundle, inst.policy, specializer, debug,
-                                    instrumentation_mode, fast_path=settings.fast_path, allow=allow,
-                                    differences=inst.allowed_differences)
-        fn.run = server.entry_point  # instance attribute: shadows JITFunction.run for this kernel only
-        inst.triton[kid] = server

@@ -107,7 +107,7 @@ def warmup_through_bundle(registry: Any) -> None:
     keys: dict[str, int] = {}
     unserved: list[Unserved] = []
     wrapped = []
-    cute_owners = {id(s.owner) for s in getattr(inst, "cutedsl", {}).values()}  # owners served from the bundle
+    cute_owners = {id(s.owner) for s in inst.servers("cutedsl").values()}  # owners served from the bundle
     for kernel in _registered_kernels(registry):
         backend, owner = backend_of(kernel), owner_name(kernel)
         served_here = backend in ("Triton", "TileLang") or id(kernel) in cute_owners

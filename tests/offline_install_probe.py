@@ -44,7 +44,7 @@ def main(plan_path: str) -> int:
         plan = json.load(f)
     resolved = {"exact": 0, "generic": 0}
     for request in plan["requests"]:
-        server = inst.triton[request["kernel"]]
+        server = inst.servers("triton")[request["kernel"]]
         key = key_from_json(request["key"])
         table = server.exact if request["variant"] == "exact" else server.generic
         variant = table.get(key)

@@ -79,7 +79,7 @@ found: dict[str, list] = {}
 t1 = time.perf_counter()
 from nojit.loader.bundle.cutedsl_key import cache_slot  # noqa: E402
 
-for kid, server in inst.cutedsl.items():
+for kid, server in inst.servers("cutedsl").items():
     for key in server.entries:
         cache, slot = cache_slot(server.owner, key)
         if hasattr(server.owner, "_get_or_compile"):
@@ -96,7 +96,7 @@ def _int_field(key):
     return next((f.name for f in dataclasses.fields(key) if type(getattr(key, f.name)) is int), None)
 
 
-some = next((s for s in inst.cutedsl.values() if hasattr(s.owner, "_get_or_compile")
+some = next((s for s in inst.servers("cutedsl").values() if hasattr(s.owner, "_get_or_compile")
              and _int_field(next(iter(s.entries)))), None)
 if some is not None:  # a key the bundle lacks: one int field of a bundled key plus one
     key = next(iter(some.entries))
@@ -111,7 +111,7 @@ if some is not None:  # a key the bundle lacks: one int field of a bundled key p
 # vLLM's real JIT warmup registry, through nojit's hook (the plugin installs it in a vLLM process): a fresh
 # server on each bundled registry owner, which vLLM's own model code registers, then registry.warmup().
 registry_report: dict = {}
-registry_owners = [s for s in inst.cutedsl.values() if hasattr(s.owner, "register_warmup")
+registry_owners = [s for s in inst.servers("cutedsl").values() if hasattr(s.owner, "register_warmup")
                    and "NORM_ROPE_STORE_KERNEL" not in s.kernel_id]  # that one registers with a layer prefix
 if registry_owners:
     from nojit.aot.models.deepseek_v4.cutedsl_owners import make_cutedsl_vllm_config

@@ -58,7 +58,7 @@ t0 = time.perf_counter()
 inst = install(bundle_path=bundle_path, mode=mode)
 at_install = processes[len(before_install):]
 del processes[:]
-seeded_at_install = len(inst.humming.seeded)
+seeded_at_install = len(inst.state("humming").seeded)
 import humming.jit.compiler  # noqa: E402,F401  (strict mode: guarded as it loads)
 from humming.jit.runtime import KernelRuntime  # noqa: E402  (late: nojit seeds as this finishes loading)
 
@@ -67,8 +67,8 @@ del processes[:]
 
 seed_s = time.perf_counter() - t0
 out: dict = {"mode": mode, "late": late, "seeded_at_install": seeded_at_install,
-             "processes_importing_humming": before_install + at_import, "processes_at_install": at_install, "seeded": len(inst.humming.seeded), "seed_s": round(seed_s, 3),
-             "cache_dir": inst.humming.cache_dir}
+             "processes_importing_humming": before_install + at_import, "processes_at_install": at_install, "seeded": len(inst.state("humming").seeded), "seed_s": round(seed_s, 3),
+             "cache_dir": inst.state("humming").cache_dir}
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
 from check_humming_gemm import compile_step_guarded, count_compiles  # noqa: E402  (the Humming checks' one counter)
 
@@ -136,7 +136,7 @@ if order == "transform":
         per_op[call.op] = sum(launched.values()) - before
         assert tensors["weight"].dtype.is_floating_point is False
     out.update(load_s=round(time.perf_counter() - t1, 3), launches_per_op=per_op, launched=dict(launched),
-               hits=inst.humming.hits, compiles=list(compiles), processes=list(processes))
+               hits=inst.state("humming").hits, compiles=list(compiles), processes=list(processes))
     # a transform kernel the bundle lacks, constructed directly as Humming's ops do
     try:
         weight_ops.RepackWeightKernel(weight_bits=4, activation_bits=8, is_weight_packed=True,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from test_fastpath import _call_forms, _runner_for, draw_keyed_call, variant_for
 from test_triton_key_parity import call_args, tensor, theirs
-from nojit.loader.runtimes.triton import fast as triton_fast
+from nojit.loader.launch import fast_module as fast_c
 from nojit.loader.runtimes.triton.fast import fast_module, restore_getitem, serve_getitem
 
 pytestmark = pytest.mark.skipif(fast_module() is None or shutil.which("cc") is None,
@@ -56,7 +56,7 @@ def recorder(tmp_path_factory):
     finally:
         m.configure(m.tensor_type, m.dtypes, 0)
         m.dlpack_launch_device_type(device_type)
-        triton_fast._launch_ready = False
+        fast_c._launch_ready = False
 
 
 def _record(lib, calls_before: int) -> tuple:

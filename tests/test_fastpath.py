@@ -214,7 +214,7 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
         inst = install(sys.argv[1], mode="strict", allow_mismatch=frozenset({"arch"}))
         SIZE = dict(p=8, l=8, L=8, d=8, i=4, u=4, f=4, h=2, H=2, e=2, b=2, c=1)
         n = 0
-        for kid, server in sorted(inst.triton.items()):
+        for kid, server in sorted(inst.servers("triton").items()):
             assert server.entry_point != server.run, kid
             server.prepare()
             assert type(server.entry_point).__name__ == "builtin_function_or_method", kid  # the C runner
@@ -238,7 +238,7 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
                 assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the Python path
                 fn.run = server.entry_point
                 n += 1
-        fns = [s.fn for s in inst.triton.values()]
+        fns = [s.fn for s in inst.servers("triton").values()]
         inst.uninstall()
         from triton.runtime.jit import JITFunction
         assert all(type(f) is JITFunction and "run" not in f.__dict__ for f in fns)  # their own class back
@@ -425,11 +425,11 @@ def test_the_runner_launches_through_the_driver_entry_with_grid_callables_and_op
             seen.append(ctypes.c_int.in_dll(lib, "calls").value)
         assert seen == [1, 2, 3] and not taken
     finally:
-        from nojit.loader.runtimes.triton import fast as triton_fast
+        from nojit.loader.launch import fast_module as fast_c
 
         m.configure(m.tensor_type, m.dtypes, 0)
         m.dlpack_launch_device_type(device_type)
-        triton_fast._launch_ready = False
+        fast_c._launch_ready = False
 
 
 def every_kind_run(fn, run, grid, kwargs, options):

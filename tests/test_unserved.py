@@ -9,7 +9,7 @@ from nojit.loader.bundle.manifest import RUNTIMES
 
 
 def test_every_runtime_serves_exactly_one_listed_jit():
-    assert sorted(j.runtime for j in unserved.JITS) == sorted(RUNTIMES)
+    assert sorted(j.runtime for j in unserved.jits()) == sorted(RUNTIMES)
 
 
 def test_a_bundle_with_every_runtime_serves_every_reachable_jit():

@@ -173,7 +173,7 @@ def state():
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
     c = current()
     utils = sys.modules.get("vllm.tilelang_utils")
-    return {"pid": os.getpid(), "kernels": None if c is None else sorted(c.triton),
+    return {"pid": os.getpid(), "kernels": None if c is None else sorted(c.servers("triton")),
             "tilelang_routed": bool(getattr(utils, "__nojit__", False)),  # mHC kernels get servers at decoration
             "registry_hooked": getattr(JitWarmupRegistry.warmup, "__nojit__", False)}
 

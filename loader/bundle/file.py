@@ -42,7 +42,8 @@ from typing import Any
 import zstandard
 
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
-from nojit.loader.bundle.manifest import (
+from nojit.loader.bundle.manifest import (  # canonical_json: also this module's name for it
+    canonical_json,
     FORMAT_VERSION,
     VARIANTS,
     Entry,
@@ -91,11 +92,6 @@ class Pin:
     by: str = "NOJIT_BUNDLE_SHA256"
     fix: str = "deploy the bundle that was pinned, or update NOJIT_BUNDLE_SHA256 to the new bundle's digest"
     recorded: bool = False  # recorded with the file (a bundle wheel): a mismatch is damage (BundleCorruptError)
-
-
-def canonical_json(obj: Any) -> bytes:
-    """The one JSON encoding used for manifests and digests: sorted keys, no whitespace."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 class Bundle:

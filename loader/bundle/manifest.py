@@ -15,19 +15,28 @@ is the whole thing, for the writer and tools.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nojit.loader.bundle.flashinfer_launch import FlashInferLaunch
+from nojit.loader.bundle.humming_launch import HummingLaunch
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
-RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming")
 VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
 MAX_CUBIN_BYTES = 64 << 20  # one cubin, raw; real ones are at most a few MB
+
+
+def canonical_json(obj: Any) -> bytes:
+    """The one JSON encoding used for manifests and digests: sorted keys, no whitespace."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 class _Fields:
@@ -482,7 +491,7 @@ class KernelRecord:
             raise f._bad("id", f"{kid!r:.80} is not module:qualname")
         runtime = f.str("runtime")
         if runtime not in RUNTIMES:
-            raise f._bad("runtime", f"= {runtime!r} is not one of {RUNTIMES}")
+            raise f._bad("runtime", f"= {runtime!r} is not one of {tuple(RUNTIMES)}")
         params = f.get("params", list)
         try:
             names_ok = all(map(str.isidentifier, params))
@@ -501,7 +510,7 @@ class Entry:
     key: Any  # JSON form; decoded by the runtime's key module (triton_key / tilelang_key)
     variant: str
     blob: str
-    launch: TritonLaunch | TileLangLaunch | CuteLaunch | DeepGemmLaunch
+    launch: Any  # the runtime's launch record (RUNTIMES[runtime].parse): TritonLaunch, TileLangLaunch, ...
     origin: str = "declared"
     # the key as the runtime's key module decodes it, where validation decoded it already (Triton: the
     # hashable key the server looks up); not part of the entry's identity or JSON form
@@ -685,33 +694,9 @@ def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, Blob
     if "key" not in ef.obj:
         raise ef._bad("key", "is missing")
     key = _check_json_value(ef.obj["key"], ef)
-    lf = ef.sub("launch")
-    decoded = None
-    if record.runtime == "triton":
-        launch: TritonLaunch | TileLangLaunch | CuteLaunch | DeepGemmLaunch = TritonLaunch.from_json(lf)
-        decoded = _check_triton_key(ef, key, launch, record)
-    elif record.runtime == "deepgemm":
-        launch = DeepGemmLaunch.from_json(lf)  # key: the entry name, or a call recorded by NOJIT_MODE=record
-        if not (key == launch.entry or isinstance(key, dict)):
-            raise ef._bad("key", f"names {str(key)[:80]!r}, its launch serves {launch.entry}")
-    elif record.runtime == "cutedsl":
-        launch = CuteLaunch.from_json(lf)
-        _check_cute_key(ef, key)
-    elif record.runtime == "flashinfer":
-        from nojit.loader.runtimes.flashinfer.serving import FlashInferLaunch
-
-        launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
-        if launch.kind == "module" and key != launch.module:
-            raise ef._bad("key", "is not the FlashInfer module's name")
-    elif record.runtime == "humming":
-        from nojit.loader.runtimes.humming.serving import HummingLaunch
-
-        launch = HummingLaunch.from_json(lf)  # type: ignore[assignment]
-        if not (isinstance(key, dict) and key.get("class") == kernel and isinstance(key.get("args"), dict)):
-            raise ef._bad("key", "is not {class: <this kernel>, args: {...}} (a Humming kernel's constructor arguments)")
-    else:
-        launch = TileLangLaunch.from_json(lf)
-        _check_tilelang_key(ef, key, launch)
+    launch_record = RUNTIMES[record.runtime]
+    launch = launch_record.parse(ef.sub("launch"))
+    decoded = launch_record.check_key(ef, key, launch, record)
     return Entry(kernel, key, variant, blob, launch, ef.str("origin", max_len=1024), decoded)
 
 
@@ -746,7 +731,7 @@ def _check_triton_key(ef: _Fields, key: Any, launch: TritonLaunch, record: Kerne
     return decoded
 
 
-def _check_cute_key(ef: _Fields, key: Any) -> None:
+def _check_cute_key(ef: _Fields, key: Any, launch: CuteLaunch, record: KernelRecord) -> None:
     from nojit.loader.bundle.cutedsl_key import validate
 
     try:
@@ -755,7 +740,7 @@ def _check_cute_key(ef: _Fields, key: Any) -> None:
         raise ef._bad("key", f"is not a CuTeDSL key: {exc}") from None
 
 
-def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:
+def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch, record: KernelRecord) -> None:
     from nojit.loader.bundle.tilelang_key import key_from_json
 
     try:
@@ -766,8 +751,6 @@ def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:
 
 def _check_kernel_entries(record: KernelRecord, entries: list[Entry], source: str) -> None:
     """Across one kernel's entries: no key twice, and one TileLang tensor signature (the server reads the first)."""
-    from nojit.loader.bundle.file import canonical_json
-
     seen: set[tuple[bytes, str]] = set()
     for e in entries:
         ident = (canonical_json(e.key), e.variant)
@@ -775,13 +758,68 @@ def _check_kernel_entries(record: KernelRecord, entries: list[Entry], source: st
             raise BundleCorruptError(f"{source}: kernel {record.id} has two {e.variant} entries for key "
                                      f"{ident[0][:200].decode()}", fix=_REBUILD)
         seen.add(ident)
-    if record.runtime == "tilelang" and entries:
-        first = entries[0].launch.tensor_params  # type: ignore[union-attr]
-        names = [t["name"] for t in first]
+    check_entries = RUNTIMES[record.runtime].check_entries
+    if check_entries is not None:
+        check_entries(record, entries, source)
+
+
+def _check_deepgemm_key(ef: _Fields, key: Any, launch: DeepGemmLaunch, record: KernelRecord) -> None:
+    """The key is the entry name, or a call recorded by NOJIT_MODE=record."""
+    if not (key == launch.entry or isinstance(key, dict)):
+        raise ef._bad("key", f"names {str(key)[:80]!r}, its launch serves {launch.entry}")
+
+
+def _check_flashinfer_key(ef: _Fields, key: Any, launch: FlashInferLaunch, record: KernelRecord) -> None:
+    if launch.kind == "module" and key != launch.module:
+        raise ef._bad("key", "is not the FlashInfer module's name")
+
+
+def _check_humming_key(ef: _Fields, key: Any, launch: HummingLaunch, record: KernelRecord) -> None:
+    if not (isinstance(key, dict) and key.get("class") == record.id and isinstance(key.get("args"), dict)):
+        raise ef._bad("key", "is not {class: <this kernel>, args: {...}} (a Humming kernel's constructor arguments)")
+
+
+def _check_tilelang_entries(record: KernelRecord, entries: list[Entry], source: str) -> None:
+    """One TileLang tensor signature per kernel (the server reads the first entry's)."""
+    if entries:
+        names = [t["name"] for t in entries[0].launch.tensor_params]
         for e in entries[1:]:
-            if [t["name"] for t in e.launch.tensor_params] != names:  # type: ignore[union-attr]
+            if [t["name"] for t in e.launch.tensor_params] != names:
                 raise BundleCorruptError(f"{source}: kernel {record.id}: entries disagree on its tensor parameters",
                                          fix=_REBUILD)
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """How the manifest reads one runtime's entries: its launch record and the checks of an entry's key."""
+
+    parse: Callable[[_Fields], Any]  # the entry's "launch" object -> the runtime's launch record
+    check_key: Callable[[_Fields, Any, Any, KernelRecord], Any]  # raises on a bad key; the decoded key or None
+    check_entries: Callable[[KernelRecord, list[Entry], str], None] | None = None  # across one kernel's entries
+
+
+# The runtimes a manifest may name, in the order the startup line lists them (one line per runtime). A
+# runtime outside the package (a test's) is added for a scope with `registered`.
+RUNTIMES: dict[str, LaunchRecord] = {
+    "triton": LaunchRecord(TritonLaunch.from_json, _check_triton_key),
+    "tilelang": LaunchRecord(TileLangLaunch.from_json, _check_tilelang_key, _check_tilelang_entries),
+    "cutedsl": LaunchRecord(CuteLaunch.from_json, _check_cute_key),
+    "deepgemm": LaunchRecord(DeepGemmLaunch.from_json, _check_deepgemm_key),
+    "flashinfer": LaunchRecord(FlashInferLaunch.from_json, _check_flashinfer_key),
+    "humming": LaunchRecord(HummingLaunch.from_json, _check_humming_key),
+}
+
+
+@contextlib.contextmanager
+def registered(runtime: str, record: LaunchRecord) -> Iterator[LaunchRecord]:
+    """Manifests may name `runtime` for the scope of the with block."""
+    if runtime in RUNTIMES:
+        raise ValueError(f"runtime {runtime!r} already has a launch record")
+    RUNTIMES[runtime] = record
+    try:
+        yield record
+    finally:
+        del RUNTIMES[runtime]
 
 
 def _dotted(name: str) -> bool:

@@ -73,7 +73,7 @@ def main() -> int:
         print("  (the DLPack read is off: the runners read the stream through torch's accessor)")
     jit_inputs = []  # (kid, fn, grid, kwargs, bufs, initial, replayed) for the JIT comparison after uninstall
     for kid in kids:
-        server = inst.triton[kid]
+        server = inst.servers("triton")[kid]
         server.prepare()
         fn = server.fn
         keys = [key_from_json(e.key) if e.decoded is None else e.decoded for e in bundle.entries(kid)

@@ -334,8 +334,8 @@ def child(args: argparse.Namespace) -> None:
         inst = install(args.bundle, mode="strict", allow_mismatch=frozenset({"vllm", "source"}), kernels=mounted)
         for line in inst.allowed_differences:
             print(f"allowed difference: {line}", file=sys.stderr, flush=True)
-        tracer.servers = dict(inst.triton)
-        installed = sorted(inst.triton)
+        tracer.servers = dict(inst.servers("triton"))
+        installed = sorted(inst.servers("triton"))
     # every kernel of every vLLM module loaded (the call sites' helpers launch kernels defined elsewhere too)
     loaded = [m for n, m in sorted(sys.modules.items()) if n.startswith("vllm.") and m is not None]
     _trace_every_kernel(tracer, [*modules, *loaded], interpret)

@@ -447,7 +447,7 @@ def main() -> int:
     t0 = time.perf_counter()
     # as a server: strict, the bundle's FlashInfer entries; this machine has no vLLM (the bundle names 0.33.0)
     inst = install(bundle_path=bundle_path, mode="strict", allow_mismatch=frozenset({"vllm"}), kernels=set(ids))
-    serving = inst.flashinfer
+    serving = inst.state("flashinfer")
     result["install_ms"] = round(1000 * (time.perf_counter() - t0), 1)
     if serving is None:
         result["error"] = "nojit found no FlashInfer here (flashinfer-python's dist-info is not on the path)"

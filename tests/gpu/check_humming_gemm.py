@@ -181,7 +181,7 @@ def install_strict(root: str):
     inst = install(bundle_path=os.path.join(root, "humming.nojit"), mode="strict")
     import humming.jit.runtime  # noqa: F401  (nojit seeds the cache as this finishes loading)
 
-    if inst.humming is None:
+    if inst.state("humming") is None:
         raise RuntimeError("nojit did not serve Humming (humming-kernels not found by importlib.metadata?)")
     if not compile_step_guarded():
         raise RuntimeError("no strict-mode guard on Humming's compile step")
@@ -343,7 +343,7 @@ def device_main(opts, report: dict) -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     inst, compiles = install_strict(opts.dir)
-    serving = inst.humming
+    serving = inst.state("humming")
     _imports_done()
     report["seeded_from_bundle"] = len(serving.seeded)
     with open(os.path.join(opts.dir, "humming_calls.json")) as f:
@@ -397,7 +397,7 @@ def dry_main(opts, report: dict) -> None:
     standin.install("NVIDIA H200", (9, 0), 132)
     inst, compiles = install_strict(opts.dir)
     _imports_done()
-    report["seeded_from_bundle"] = len(inst.humming.seeded)
+    report["seeded_from_bundle"] = len(inst.state("humming").seeded)
     from humming.kernel.humming import HummingKernel
     from humming.kernel.process_mxfp4 import ProcessMxfp4W4A8Kernel
     from humming.kernel.repack_weight import RepackWeightKernel
@@ -408,7 +408,7 @@ def dry_main(opts, report: dict) -> None:
         self.kernel_id = len(registered)
 
     HummingKernel.register_kernel = register
-    transform = [e.key for e in inst.humming.entries.values()
+    transform = [e.key for e in inst.state("humming").entries.values()
                  if e.key["class"].endswith((":ProcessMxfp4W4A8Kernel", ":RepackWeightKernel"))]
     if not transform:
         report["failures"].append("the bundle holds no weight-transform kernels (rebuild it with `nojit build`)")
@@ -432,11 +432,11 @@ def dry_main(opts, report: dict) -> None:
                 report["cases"].append({"op": op, "tokens": t, "m": m, "interval": i,
                                         "block_shape": table[i][2]["block_shape"] if i is not None else None,
                                         "kernel_file_seeded": bool(kid) and registered[int(kid[0]) - 1]
-                                        in inst.humming.seeded})
+                                        in inst.state("humming").seeded})
     report["registered"] = len(registered)
     report["compiles"] = list(compiles)
-    report["bundle_hits"] = inst.humming.hits
-    report["misses"] = list(inst.humming.misses)
+    report["bundle_hits"] = inst.state("humming").hits
+    report["misses"] = list(inst.state("humming").misses)
     # the reference's MXFP4 decoding: codes 0..15 in the low nibble (element 2i: Humming views the bytes as int32
     # and unpacks 4-bit element i from bits 4i, little-endian), scale 2^(127-127)
     import torch

@@ -338,10 +338,10 @@ def run_cases(g, opts, role: str, report: dict) -> None:
 def bundle_child(g, opts, report: dict) -> None:
     inst, compiles = g.install_strict(opts.dir)
     g._imports_done()
-    report["seeded_from_bundle"] = len(inst.humming.seeded)
+    report["seeded_from_bundle"] = len(inst.state("humming").seeded)
     run_cases(g, opts, "bundle", report)
     report["compiles"] = list(compiles)
-    report["bundle_hits"], report["misses"] = inst.humming.hits, list(inst.humming.misses)
+    report["bundle_hits"], report["misses"] = inst.state("humming").hits, list(inst.state("humming").misses)
 
 
 def _choose_nvrtc(opts, report: dict) -> str:

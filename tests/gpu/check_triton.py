@@ -111,7 +111,7 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
 
         inst = install(bundle_path, mode=mode, resolver=resolve, allow_mismatch=frozenset({"vllm"}),
                        kernels={kernel}, record_file=record_file)
-        server = inst.triton[kernel]
+        server = inst.servers("triton")[kernel]
         server.all_exact = dict(server.exact)  # kept for timing exact against generic
         if variant in ("generic", "misaligned"):
             server.exact.clear()  # every call must now be served by the kernel's universal entries

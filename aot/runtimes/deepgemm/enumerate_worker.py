@@ -24,9 +24,9 @@ def main() -> None:
         from nojit.loader.install import install  # the lookup check: the loader's own install(), strict mode
 
         inst = install(spec["install"], mode="strict")
-        firewall = inst.deepgemm.firewall
+        firewall = inst.state("deepgemm").firewall
         with open(spec["out"] + ".install.json", "w") as f:
-            json.dump({"cache_dir": inst.deepgemm.cache_dir, "DG_JIT_NVCC_COMPILER": os.environ["DG_JIT_NVCC_COMPILER"],
+            json.dump({"cache_dir": inst.state("deepgemm").cache_dir, "DG_JIT_NVCC_COMPILER": os.environ["DG_JIT_NVCC_COMPILER"],
                        "DG_JIT_CACHE_DIR": os.environ["DG_JIT_CACHE_DIR"], "PATH": os.environ["PATH"]}, f)
     import vllm.third_party.deep_gemm as dg
 

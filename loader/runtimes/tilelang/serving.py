@@ -35,7 +35,7 @@ from nojit.loader.policy import ServingPolicy
 from nojit.loader.settings import Mode, settings
 from nojit.loader.bundle.tilelang_key import MISSING, key_from_json, key_text, key_to_json, make_binder, source_hash
 from nojit.loader.launch.torch_cuda import current_device, current_stream
-from nojit.loader.runtimes.triton.fast import _ensure_launch_entry, fast_module
+from nojit.loader.launch.fast_module import ensure_launch_entry, fast_module
 from nojit.loader.bundle.versions import check_source
 
 log = logging.getLogger("nojit")
@@ -102,7 +102,7 @@ class TileLangVariant(BundledFunction):
             if r == 0:
                 return None
             if r == 2:  # first launch on this device: load the module, hand C the function and the driver entry
-                _ensure_launch_entry()
+                ensure_launch_entry()
                 fast_module().tl_set_function(plan, device, self._functions.get(device) or self.load(device))
                 r = self._tl_launch(plan, tensors, device, stream)
                 if r == 0:

@@ -28,9 +28,8 @@ import math
 import types
 from typing import Any
 
-import logging
-
 from nojit.loader.errors import LaunchError
+from nojit.loader.launch.fast_module import dlpack_status, ensure_launch_entry, fast_module  # noqa: F401
 from nojit.loader.bundle.triton_key import Key, generated
 
 # Codes shared with csrc/nojit_fast.c.
@@ -40,86 +39,6 @@ _ATTR = {None: 0, "D": 1, "": 2}
 _INT_WIDTH = {"i32": 1, "i64": 2, "u64": 3}
 _ANNOT_ATTR = {None: 0, "D": 1, "": 2, ("int", 1): 3, ("NoneType", None): 4}
 _PLAIN_TAGS = {"int": int, "bool": bool, "float": float, "str": str}
-
-log = logging.getLogger("nojit")
-_module: Any = None
-_launch_ready = False
-
-
-def fast_module() -> Any:
-    """The C module, configured with torch's tensor type and dtypes (None where it is not built)."""
-    global _module
-    if _module is None:
-        try:
-            from nojit.loader import _fastlaunch
-        except ImportError:  # pragma: no cover - a source tree without the built extension
-            return None
-        import torch
-
-        dtypes: list[Any] = []
-        for name in sorted(dir(torch)):
-            value = getattr(torch, name)
-            if isinstance(value, torch.dtype) and value not in dtypes:
-                dtypes.append(value)
-        _fastlaunch.tensor_type = torch.Tensor
-        _fastlaunch.dtypes = tuple(dtypes[:64])
-        _fastlaunch.configure(torch.Tensor, _fastlaunch.dtypes, 0)
-        _fastlaunch.dlpack_status = _setup_dlpack(_fastlaunch, torch)
-        _module = _fastlaunch
-    return _module
-
-
-def _setup_dlpack(m: Any, torch: Any) -> str:
-    """Let C read tensors (and torch's current stream) through torch's DLPack C exchange API (DLPack 1.x).
-
-    Returns "on M.m" or "off: why"; off (no capsule, another major version, NOJIT_DLPACK=0) leaves the
-    reads through torch's Python API as before, said once in the log.
-    """
-    import warnings
-
-    samples = []
-    with warnings.catch_warnings():  # torch warns about its experimental dtypes (complex32, quantized)
-        warnings.simplefilter("ignore")
-        for dtype in m.dtypes:  # the producer's own DLDataType of each dtype, read from an empty tensor
-            try:
-                samples.append(torch.empty(0, dtype=dtype))
-            except Exception:  # a dtype torch cannot allocate (quantized, bits): read through torch
-                samples.append(None)
-    # runners made with torch's raw stream accessor (nojit.loader.launch.torch_cuda.current_stream) read the stream
-    # through the API instead; runners given any other accessor call it
-    accessor = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    from nojit.loader.settings import settings
-
-    enable = settings.dlpack
-    status = m.dlpack_setup(torch.Tensor, tuple(samples), accessor, enable)
-    if status.startswith("off"):
-        log.info("nojit: tensors are read through torch's Python API, not the DLPack C exchange API (%s)", status)
-    return status
-
-
-def dlpack_status() -> str:
-    """How the C launch path reads tensors: "on M.m" (DLPack C exchange API), "off: why", or "off: not built"."""
-    m = fast_module()
-    return getattr(m, "dlpack_status", "off: not built") if m is not None else "off: not built"
-
-
-def _ensure_launch_entry() -> None:
-    """Hand C the driver's cuLaunchKernelEx (first load; opening libcuda is the cffi launcher's job)."""
-    global _launch_ready
-    if _launch_ready:
-        return
-    from nojit.loader.launch.cuda_launch import launcher
-
-    lch = launcher()
-    out = lch._ffi.new("uint64_t *")
-    err = lch.new_error_buffer()
-    rc = lch._c.nojit_launch_entry(out, err, len(err))
-    if rc:
-        raise lch.error(err, "CUDA driver", rc)
-    m = fast_module()
-    m.configure(m.tensor_type, m.dtypes, int(out[0]))
-    _launch_ready = True
-
 
 def _untag(tagged: Any) -> tuple[bool, Any]:
     """(True, value) for a plain tagged constexpr value C can compare; (False, None) otherwise."""
@@ -300,7 +219,7 @@ def make_run(server: Any, fast: TritonFastPath) -> Any:
         """A launch the C call did not finish: a module to load on this device, or a driver error."""
         if r >= 0:
             variant = fast.variants[id(table)][r]
-            _ensure_launch_entry()
+            ensure_launch_entry()
             m.set_function(table, r, device, variant.load(device))
             r2 = m.launch(table, bound, grid, device, current_stream(device))
             if r2 is variant:
