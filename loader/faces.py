@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.bundle.file import Bundle
+from nojit.loader.bundle.manifest import LaunchRecord
 from nojit.loader.policy import ServingPolicy
 
 
@@ -92,3 +93,6 @@ class Runtime:
     jits: tuple[ProcessJit, ...] = ()  # the serving process's JITs this runtime's entries serve
     guards: tuple[str, ...] = ()  # modules whose compile entry strict mode guards for it (strict/guards.py)
     restore: Callable[[], None] | None = None  # undo what the vLLM integration put on outside install()
+    # The manifest's launch record and key checks of a runtime outside the package (registered with it); the
+    # package's own runtimes have theirs in the format room's table (loader/bundle/manifest.py RUNTIMES).
+    launch: LaunchRecord | None = None

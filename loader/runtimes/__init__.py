@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 
 from nojit.loader.bundle.manifest import RUNTIMES as MANIFEST_RUNTIMES
+from nojit.loader.bundle.manifest import registered as registered_launch
 from nojit.loader.faces import Runtime
 from nojit.loader.runtimes import cutedsl, deepgemm, flashinfer, humming, tilelang, triton
 
@@ -26,14 +27,18 @@ RUNTIMES: dict[str, Runtime] = {
 
 @contextlib.contextmanager
 def registered(runtime: Runtime) -> Iterator[Runtime]:
-    """`runtime` served for the scope of the with block (a runtime outside the package, e.g. a test's)."""
+    """`runtime` served for the scope of the with block (a runtime outside the package, e.g. a test's), its
+    launch record with it."""
     if runtime.name in RUNTIMES:
         raise ValueError(f"runtime {runtime.name!r} is already registered")
-    RUNTIMES[runtime.name] = runtime
-    try:
-        yield runtime
-    finally:
-        del RUNTIMES[runtime.name]
+    with contextlib.ExitStack() as stack:
+        if runtime.launch is not None:
+            stack.enter_context(registered_launch(runtime.name, runtime.launch))
+        RUNTIMES[runtime.name] = runtime
+        try:
+            yield runtime
+        finally:
+            del RUNTIMES[runtime.name]
 
 
 def in_manifest_order() -> list[Runtime]:
