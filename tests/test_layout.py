@@ -280,6 +280,40 @@ def test_the_loader_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_
     assert cycle_in(import_graph("loader", cyclic)) == ["bundle.file", "bundle.manifest", "bundle.file"]
 
 
+def _runtime_dispatch(tree: ast.AST) -> list[int]:
+    """Lines comparing something's `.runtime` (or a `runtime` name) with a string: dispatch by runtime name."""
+    def names_runtime(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "runtime") or (isinstance(node, ast.Name)
+                                                                                and node.id == "runtime")
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(names_runtime(x) for x in sides) and any(
+                    isinstance(x, ast.Constant) and isinstance(x.value, str) for x in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_runtime_dispatch_outside_the_registries():
+    bad = [f"loader/{m.replace('.', '/')}:{line}" for m, path in side_modules("loader").items()
+           for line in _runtime_dispatch(ast.parse(open(path).read()))]
+    assert not bad, "\n".join(bad)
+    assert _runtime_dispatch(ast.parse('if record.runtime == "triton": pass')) == [1]  # the check can fail
+
+
+def test_every_serving_runtime_has_a_launch_record_a_build_face_and_real_guards():
+    from nojit.aot.runtimes import RUNTIMES as BUILT
+    from nojit.loader.bundle.manifest import RUNTIMES as RECORDED
+    from nojit.loader.runtimes import RUNTIMES as SERVED
+    from nojit.loader.strict import guards
+
+    assert set(SERVED) == set(RECORDED) == set(BUILT)
+    for runtime in SERVED.values():
+        assert runtime.display and runtime.jits and all(j.runtime == runtime.name for j in runtime.jits)
+        assert set(runtime.guards) <= set(guards._LIBRARY_GUARDS), runtime.name
+
+
 if __name__ == "__main__":  # print both sides' import graphs, by layer, and what breaks their rules
     for side, layers in (("aot", AOT_LAYERS), ("loader", LOADER_LAYERS)):
         g = import_graph(side)
