@@ -1,8 +1,9 @@
 """Install a bundle into this process: the one public entry point of the loader.
 
 `install()` opens the bundle (header and index), refuses it if it does not match this
-process (versions), puts a bundle server on every bundled Triton kernel and TileLang kernel,
-and, in strict mode, closes every path to a compiler. It is safe to call more than once
+process (versions), installs each registered runtime (loader/runtimes/__init__.py) that has kernels
+in the bundle, in registry order, keeping what each did as a `Handle`, and, in strict mode, closes
+every path to a compiler. It is safe to call more than once
 (the second call returns the first installation).
 
 It pays only for what every process needs (the API server runs no kernel): each kernel's
