@@ -9,7 +9,7 @@ def install(ctx: InstallContext) -> Handle:
     from nojit.loader.runtimes.humming import serving
 
     state = serving.install(ctx.bundle, ctx.kernel_ids, ctx.policy)
-    return Handle(state=state, undo=serving.uninstall if state is not None else Handle().undo)
+    return Handle(state=state, undo=serving.uninstall if state is not None else (lambda: None))  # None: not installed
 
 
 RUNTIME = Runtime(
