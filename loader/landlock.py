@@ -27,6 +27,7 @@ tests build with gcc and nvcc.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import stat
@@ -47,6 +48,7 @@ _SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}  # create_ru
 
 SYSTEM_ROOTS = ("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/local/bin",
                 "/usr/local/sbin", "/usr/local/lib", "/usr/local/libexec")
+CACHE_VERSION = 1
 ACTIVE_ENV = "NOJIT_LANDLOCK_ACTIVE"  # set when enforced: a child (inheriting the domain) does not stack another
 
 
@@ -67,6 +69,9 @@ class Plan:
     files: list[str] = field(default_factory=list)
     refused_compilers: list[str] = field(default_factory=list)  # files left out because they are compilers
     unsafe: list[str] = field(default_factory=list)  # roots left out: another user can write them
+    listed: dict[str, list[int]] = field(default_factory=dict)  # folder listed -> _stamp (the cache's key)
+    file_stats: dict[str, list[int]] = field(default_factory=dict)  # every file and folder ruled on -> _stamp
+    from_cache: bool = False
 
 
 @dataclass
@@ -165,19 +170,30 @@ def plan(comp: compilers_mod.Compilers, roots: list[str], extra_folders: list[st
         _plan_files(comp, real, p)
     for f in extra_files:
         real = os.path.realpath(f)
-        if os.path.isfile(real) and not comp.is_compiler(real) and real not in p.files:
-            p.files.append(real)
+        if os.path.isfile(real) and real not in p.files:
+            _plan_file(comp, real, os.stat(real), p)
     return p
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    """What a cached plan compares: ctime changes with the content, the mode, the owner and the entries."""
+    return [st.st_ino, st.st_size, st.st_ctime_ns]
 
 
 def _plan_folder(comp: compilers_mod.Compilers, folder: str, below: set[str], p: Plan) -> None:
     if folder not in below:
+        try:
+            p.file_stats[folder] = _stamp(os.stat(folder))
+        except OSError:
+            return
         p.folders.append(folder)
         return
     try:
         entries = list(os.scandir(folder))
+        st = os.stat(folder)
     except OSError:
         return
+    p.listed[folder] = _stamp(st)
     for e in entries:
         try:
             st = e.stat(follow_symlinks=False)
@@ -205,6 +221,7 @@ def _plan_files(comp: compilers_mod.Compilers, folder: str, p: Plan) -> None:
     except OSError as exc:
         raise NoJitError(f"NOJIT_EXEC_ALLOW names {folder}, which cannot be listed ({exc.strerror})",
                          fix=f"create {folder} or remove it from NOJIT_EXEC_ALLOW") from None
+    p.listed[folder] = _stamp(os.stat(folder))
     for e in entries:
         try:
             st = e.stat(follow_symlinks=False)
@@ -215,10 +232,52 @@ def _plan_files(comp: compilers_mod.Compilers, folder: str, p: Plan) -> None:
 
 
 def _plan_file(comp: compilers_mod.Compilers, path: str, st: os.stat_result, p: Plan) -> None:
+    p.file_stats[path] = _stamp(st)
     if comp.is_compiler(path, st):
         p.refused_compilers.append(path)
     else:
         p.files.append(path)
+
+
+_PLAN_FIELDS = ("folders", "files", "refused_compilers", "unsafe", "listed", "file_stats")
+
+
+def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str], files: list[str],
+                cache_dir: str | None) -> Plan:
+    """`plan()`, reused from <cache_dir>/exec-plan.json while the compilers, every folder it listed (inode, mtime)
+    and every file it ruled on (inode, size, mtime) are unchanged: a later process stats them instead of listing
+    and checking every file again."""
+    safety = [writable_by_others(r) for r in (*roots, *extra)]  # a folder above a root made writable: plan again
+    key = json.loads(json.dumps([CACHE_VERSION, getattr(comp, "cache_key", None), comp.files, roots, extra, files,
+                                 safety]))
+    path = os.path.join(cache_dir, "exec-plan.json") if cache_dir else None
+    cached = compilers_mod._read_cache(path)
+    if cached is not None and cached.get("key") == key:
+        p = Plan(**{f: cached[f] for f in _PLAN_FIELDS})
+        if _still(p):
+            p.from_cache = True
+            return p
+    p = plan(comp, roots, extra, files)
+    if path:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": key, **{name: getattr(p, name) for name in _PLAN_FIELDS}}, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return p
+
+
+def _still(p: Plan) -> bool:
+    try:
+        for path, stamp in (*p.listed.items(), *p.file_stats.items()):
+            if _stamp(os.stat(path)) != stamp:
+                return False
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
 
 
 def default_roots() -> list[str]:
@@ -304,7 +363,7 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
     comp = compilers_mod.find(runtime_dir)
     hashed = comp.hashed
     files = [sys.executable] + ([stand_in] if stand_in else [])
-    p = plan(comp, default_roots(), extra_folders(), files)
+    p = cached_plan(comp, default_roots(), extra_folders(), files, runtime_dir)
     if comp.hashed != hashed:
         compilers_mod.save(comp, runtime_dir)  # digests computed while planning: the next process reuses them
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
@@ -315,11 +374,11 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
 
 
 def _enforced_by_ancestor() -> bool:
-    """Whether NOJIT_LANDLOCK_ACTIVE names a process this one descends from (so the domain is inherited); a value
-    copied into an unrelated process's environment names no ancestor and is ignored."""
+    """Whether NOJIT_LANDLOCK_ACTIVE names a process this one descends from and no_new_privs is set (so the domain
+    is inherited); a value copied into an unrelated process's environment is ignored."""
     raw = os.environ.get(ACTIVE_ENV, "")
-    if not raw.isdigit():
-        return False
+    if not raw.isdigit() or not _no_new_privs():
+        return False  # the enforcing process set no_new_privs, which every descendant keeps and cannot clear
     pid, target = os.getpid(), int(raw)
     for _ in range(64):
         if pid == target:
@@ -332,6 +391,14 @@ def _enforced_by_ancestor() -> bool:
         if pid <= 1:
             return False
     return False
+
+
+def _no_new_privs() -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            return any(line.split() == ["NoNewPrivs:", "1"] for line in f)
+    except OSError:
+        return False
 
 
 def report() -> Report | None:

@@ -105,7 +105,10 @@ c_system(f"setsid sh -c 'sleep 2; gcc -S {src} -o {out('orphan_by_name')}; "
          f"{GCC} -S {src} -o {out('orphan_by_path')}' >/dev/null 2>&1 < /dev/null &")
 from nojit.loader import landlock
 
+child = subprocess.run([sys.executable, "-c", "from nojit.loader import landlock; print(landlock.enforce(None, None).state)"],
+                       capture_output=True, text=True).stdout.strip()  # a spawned child inherits, stacks nothing
+
 r = landlock.report()
-print("RESULT " + json.dumps({"compiled": results, "allowed_tool_exit": tool, "mode": inst.mode.value,
+print("RESULT " + json.dumps({"compiled": results, "allowed_tool_exit": tool, "mode": inst.mode.value, "child": child,
                               "landlock": None if r is None else {"state": r.state, "abi": r.abi, "rules": r.rules,
                                                                   "ms": r.ms, "tsync": r.tsync}}), flush=True)

@@ -86,6 +86,7 @@ def test_every_process_compiler_form_is_refused_by_the_kernel(work):
     compiled = first["compiled"]
     assert [f for f in (*FORMS, *ORPHANS) if compiled[f]] == [], compiled
     assert first["allowed_tool_exit"] == 0  # a non-compiler in an allowed folder still runs
+    assert first["child"] == "inherited"
     # outside the guarantee (README): the dynamic loader maps cc1 as a library, which Landlock does not check
     assert compiled["ld_so_cc1"] is True
     again = run_probe(work, NOJIT_MODE="strict")  # the compiler list and digests come from the runtime folder now
@@ -123,6 +124,15 @@ def test_no_landlock_is_said_in_one_line():
     assert p.stdout.split() == ["unavailable"], p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "Landlock is not available" in lines[0] and "audit hook" in lines[0]
+
+
+def test_a_copied_marker_is_not_an_inherited_domain():
+    """NOJIT_LANDLOCK_ACTIVE naming an ancestor is not enough: without no_new_privs the process is not restricted."""
+    code = "from nojit.loader import landlock; print(landlock._enforced_by_ancestor())"
+    env = {**os.environ, landlock.ACTIVE_ENV: str(os.getpid())}
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout.strip() == "False"
+    nnp = "import ctypes; ctypes.CDLL(None).prctl(38, 1, 0, 0, 0); " + code  # the positive control
+    assert subprocess.run([sys.executable, "-c", nnp], capture_output=True, text=True, env=env).stdout.strip() == "True"
 
 
 def test_compilers_are_known_by_content_and_inode_not_by_name(tmp_path):
