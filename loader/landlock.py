@@ -89,7 +89,8 @@ class Report:
 
     def summary(self) -> str:
         if self.state == "on":
-            threads = "all threads" if self.tsync else f"{self.threads_before - 1} earlier threads not covered"
+            threads = ("all threads" if self.tsync or self.threads_before <= 1
+                       else f"{self.threads_before - 1} earlier threads not covered")
             return (f"exec allow-list on (Landlock ABI {self.abi}, {self.rules} rules, {self.ms:.0f} ms, "
                     f"{threads})")
         if self.state == "inherited":
