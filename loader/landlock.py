@@ -32,6 +32,7 @@ import os
 import platform
 import stat
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -84,13 +85,14 @@ class Report:
     ms: float = 0.0
     tsync: bool = False
     threads_before: int = 0  # threads that existed when the domain was applied (unrestricted without TSYNC)
+    other_threads: tuple[str, ...] = ()  # their names (/proc/self/task/*/comm), this thread left out
     reason: str = ""
     plan: Plan | None = None
 
     def summary(self) -> str:
         if self.state == "on":
             threads = ("all threads" if self.tsync or self.threads_before <= 1
-                       else f"{self.threads_before - 1} earlier threads not covered")
+                       else f"{self.threads_before - 1} earlier threads not covered: {', '.join(self.other_threads)}")
             return (f"exec allow-list on (Landlock ABI {self.abi}, {self.rules} rules, {self.ms:.0f} ms, "
                     f"{threads})")
         if self.state == "inherited":
@@ -249,16 +251,15 @@ def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str
     and every file it ruled on (inode, size, mtime) are unchanged: a later process stats them instead of listing
     and checking every file again."""
     safety = [writable_by_others(r) for r in (*roots, *extra)]  # a folder above a root made writable: plan again
-    key = json.loads(json.dumps([CACHE_VERSION, getattr(comp, "cache_key", None), comp.files, roots, extra, files,
-                                 safety]))
+    key = json.loads(json.dumps([CACHE_VERSION, getattr(comp, "cache_key", None), comp.files, roots, extra, safety]))
     path = os.path.join(cache_dir, "exec-plan.json") if cache_dir else None
     cached = compilers_mod._read_cache(path)
     if cached is not None and cached.get("key") == key:
         p = Plan(**{f: cached[f] for f in _PLAN_FIELDS})
         if _still(p):
             p.from_cache = True
-            return p
-    p = plan(comp, roots, extra, files)
+            return _with_files(comp, p, files)
+    p = plan(comp, roots, extra)
     if path:
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
@@ -268,6 +269,15 @@ def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str
             os.replace(tmp, path)
         except OSError:
             pass
+    return _with_files(comp, p, files)
+
+
+def _with_files(comp: compilers_mod.Compilers, p: Plan, files: list[str]) -> Plan:
+    """The single files (interpreter, stand-in script) on top: not cached, a bundle's stand-ins differ per toolchain."""
+    for f in files:
+        real = os.path.realpath(f)
+        if os.path.isfile(real) and real not in p.file_stats:
+            _plan_file(comp, real, os.stat(real), p)
     return p
 
 
@@ -367,10 +377,10 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
     p = cached_plan(comp, default_roots(), extra_folders(), files, runtime_dir)
     if comp.hashed != hashed:
         compilers_mod.save(comp, runtime_dir)  # digests computed while planning: the next process reuses them
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    others = _other_threads()
     added, tsync = apply(p, abi)
     os.environ[ACTIVE_ENV] = str(os.getpid())
-    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, threads, plan=p)
+    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p)
     return _report
 
 
@@ -392,6 +402,22 @@ def _enforced_by_ancestor() -> bool:
         if pid <= 1:
             return False
     return False
+
+
+def _other_threads() -> tuple[str, ...]:
+    me = str(threading.get_native_id())
+    names = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            if tid != me:
+                try:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        names.append(f.read().strip())
+                except OSError:
+                    names.append(tid)
+    except OSError:
+        pass
+    return tuple(sorted(names))
 
 
 def _no_new_privs() -> bool:
