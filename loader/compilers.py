@@ -175,7 +175,7 @@ def find(cache_dir: str | None = None) -> Compilers:
            "sites": [[s, _site_signature(s)] for s in sites]}
     key = json.loads(json.dumps(key))  # tuples as lists, as they come back from the file
     cache_path = os.path.join(cache_dir, "compilers.json") if cache_dir else None
-    cached = _read_cache(cache_path)
+    cached = read_private_json(cache_path)
     if cached is not None and cached.get("key") == key:
         files = {p: tuple(v) for p, v in cached["files"].items()}
         if all(_unchanged(p, v) for p, v in files.items()):
@@ -213,7 +213,8 @@ def save(comp: Compilers, cache_dir: str | None) -> None:
             pass
 
 
-def _read_cache(path: str | None) -> dict | None:
+def read_private_json(path: str | None) -> dict | None:
+    """A JSON object from a regular file of this user, opened without following a link; None otherwise."""
     if not path:
         return None
     try:

@@ -14,7 +14,7 @@ only beneath:
 - the folders named by NOJIT_EXEC_ALLOW (their files, not subfolders), under the same checks.
 A folder that holds a compiler (compilers.py: by name, inode, or size and content) gets one rule per
 file that is not a compiler, and its parent folders are listed the same way; every other folder gets
-one rule for its whole tree. Nothing in /tmp, /dev/shm, /var/tmp or a home folder can be executed.
+one rule for its whole tree. Nothing else (/tmp, /dev/shm, /var/tmp, ...) can be executed.
 The domain is inherited by every child and cannot be lifted, so an orphan is restricted too.
 
 `landlock_restrict_self` restricts the calling thread and what it creates later; threads that exist
@@ -34,6 +34,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nojit.loader import compilers as compilers_mod
@@ -144,8 +145,8 @@ def writable_by_others(path: str) -> str | None:
     return None
 
 
-def plan(comp: compilers_mod.Compilers, roots: list[str], extra_folders: list[str] = (),
-         extra_files: list[str] = ()) -> Plan:  # type: ignore[assignment]
+def plan(comp: compilers_mod.Compilers, roots: Sequence[str], extra_folders: Sequence[str] = (),
+         extra_files: Sequence[str] = ()) -> Plan:
     """The rules for these roots: one per folder tree without a compiler, one per non-compiler file elsewhere."""
     p = Plan()
     below = set()  # every folder that holds a compiler, and the folders above it
@@ -253,7 +254,7 @@ def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str
     safety = [writable_by_others(r) for r in (*roots, *extra)]  # a folder above a root made writable: plan again
     key = json.loads(json.dumps([CACHE_VERSION, getattr(comp, "cache_key", None), comp.files, roots, extra, safety]))
     path = os.path.join(cache_dir, "exec-plan.json") if cache_dir else None
-    cached = compilers_mod._read_cache(path)
+    cached = compilers_mod.read_private_json(path)
     if cached is not None and cached.get("key") == key:
         p = Plan(**{f: cached[f] for f in _PLAN_FIELDS})
         if _still(p):
