@@ -191,3 +191,41 @@ def test_an_allowed_folder_others_can_write_is_a_typed_error(tmp_path):
         landlock.plan(compilers.find(None), [], [str(bad)])
     assert "NOJIT_EXEC_ALLOW" in e.value.fix
     assert stat.S_IMODE(os.stat(bad).st_mode) == 0o777
+
+
+def test_cached_plan_is_redone_when_a_listed_folder_changes(tmp_path):
+    """A later process reuses the plan only while every folder it listed and every file it ruled on is unchanged:
+    a gcc copied into an allowed folder afterwards is found and refused, not let through from the cache."""
+    if not HAVE_GCC:
+        pytest.skip("gcc is needed")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    shutil.copy(os.path.realpath("/bin/true"), allowed / "tool")
+    comp = compilers.find(str(cache))
+    first = landlock.cached_plan(comp, [], [str(allowed)], [], str(cache))
+    again = landlock.cached_plan(compilers.find(str(cache)), [], [str(allowed)], [], str(cache))
+    assert not first.from_cache and again.from_cache and again.files == first.files == [str(allowed / "tool")]
+    shutil.copy(os.path.realpath("/usr/bin/gcc"), allowed / "newtool")
+    changed = landlock.cached_plan(compilers.find(str(cache)), [], [str(allowed)], [], str(cache))
+    assert not changed.from_cache and str(allowed / "newtool") in changed.refused_compilers
+    assert str(allowed / "newtool") not in changed.files
+    with open(allowed / "tool", "r+b") as f:  # replaced in place by gcc's bytes: same inode and entries
+        f.write(open(os.path.realpath("/usr/bin/gcc"), "rb").read())
+    replaced = landlock.cached_plan(compilers.find(str(cache)), [], [str(allowed)], [], str(cache))
+    assert not replaced.from_cache and str(allowed / "tool") in replaced.refused_compilers
+
+
+def test_compiler_digests_are_cached_per_user(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    comp = compilers.find(str(cache))
+    gcc = os.path.realpath("/usr/bin/gcc")
+    if gcc not in comp.files:
+        pytest.skip("no gcc")
+    comp.digest_of(gcc)
+    compilers.save(comp, str(cache))
+    later = compilers.find(str(cache))
+    assert later.digests.get(gcc) == comp.digests[gcc] and later.hashed == 0
+    assert stat.S_IMODE(os.stat(cache / "compilers.json").st_mode) == 0o600
