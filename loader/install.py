@@ -29,7 +29,7 @@ from typing import Any
 
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
-from nojit.loader import firewall
+from nojit.loader import firewall, landlock
 from nojit.loader.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.settings import Mode, settings
@@ -270,8 +270,11 @@ def install(
             bundle, path = wheel_bundle, wheel_bundle.path
         clock.step("open")
         if mode is Mode.STRICT:
-            firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
-        clock.step("firewall")
+            fw = firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
+            clock.step("firewall")
+            # the kernel's exec allow-list, inherited by every child and irreversible (loader/landlock.py)
+            landlock.enforce(os.path.join(fw.root, "nojit-stand-in"), firewall.runtime_dir())
+            clock.step("landlock")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         clock.step("versions")
         recorder = None

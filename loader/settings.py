@@ -122,6 +122,12 @@ class Settings:
     dlpack = _Bool("NOJIT_DLPACK", True,
                    "The C launch path reads tensors and torch's current stream through torch's DLPack C exchange API "
                    "where torch has one (off: through torch's Python API).")
+    landlock = _Bool("NOJIT_LANDLOCK", True,
+                     "Strict mode restricts execution with Linux Landlock: no compiler can be executed by this process "
+                     "or its children (loader/landlock.py). Off: the audit hook and the PATH stand-ins only.")
+    exec_allow = _Str("NOJIT_EXEC_ALLOW", None,
+                      "Extra folders (os.pathsep-separated) whose files strict mode's exec allow-list lets run, "
+                      "compilers excepted; each must be writable by no other user.")
 
 
 settings = Settings()
