@@ -243,6 +243,7 @@ def install(
     object (default: import module, walk qualname). kernels limits the install to those ids.
     """
     global _current
+    _check_arguments(bundle_path, mode, resolver, allow_mismatch, record_file, kernels)
     with _lock:
         asked = {"bundle_path": bundle_path, "mode": mode, "resolver": resolver, "allow_mismatch": allow_mismatch,
                  "record_file": record_file, "kernels": kernels}
@@ -349,6 +350,30 @@ class _Steps:
         now = time.perf_counter()
         self.steps[name] = (now - self._t) * 1e3
         self._t = now
+
+
+def _check_arguments(bundle_path: Any, mode: Any, resolver: Any, allow_mismatch: Any, record_file: Any,
+                     kernels: Any) -> None:
+    """install()'s arguments, type-checked before anything is done: a wrong one is a BundleError naming it."""
+    def refuse(name: str, value: Any, want: str) -> BundleError:
+        return BundleError(f"install({name}={value!r:.80}): a {type(value).__name__}, expected {want}",
+                           fix=f"pass {name} as {want}, or leave it out to use the environment's setting")
+
+    for name, value in (("bundle_path", bundle_path), ("record_file", record_file)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise refuse(name, value, "a path (str)")
+        if isinstance(value, str) and (not value or "\0" in value):
+            raise BundleError(f"install({name}={value!r:.80}): empty or holds a NUL byte", fix=f"pass {name} as a path")
+    if mode is not None:
+        choices = ", ".join(m.value for m in Mode)
+        if not isinstance(mode, Mode) and not (isinstance(mode, str) and mode in {m.value for m in Mode}):
+            raise BundleError(f"install(mode={mode!r:.80}) is not a mode", fix=f"pass one of: {choices}")
+    if resolver is not None and not callable(resolver):
+        raise refuse("resolver", resolver, "a callable mapping a kernel id to its object")
+    for name, value in (("allow_mismatch", allow_mismatch), ("kernels", kernels)):
+        if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, (set, frozenset, list, tuple))
+                                  or not all(isinstance(v, str) for v in value)):
+            raise refuse(name, value, "a set of str")
 
 
 def _allowed_words(words: Any) -> frozenset[str]:

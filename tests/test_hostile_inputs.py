@@ -126,3 +126,147 @@ def test_pin_race_positive_control_the_old_check_accepts_some(tmp_path):
     (as issue 21 found); past 3000 opens it runs on until the first one (at most 10x) so a quiet machine cannot make it pass."""
     counts = _race(tmp_path, _old_open, opens=10 * RACE_OPENS, until_unpinned=True)
     assert counts["unpinned"] > 0, counts
+
+
+def _fix_named(exc: NoJitError) -> str:
+    assert exc.fix, f"no fix in {exc!r}"
+    return exc.message
+
+
+def test_a_fifo_or_device_as_the_bundle_is_refused_without_blocking(tmp_path):
+    """NOJIT_BUNDLE naming a FIFO hung the process forever in open(); each non-regular file is refused at once.
+    Run in a child with a deadline, so a regression fails the test instead of hanging it."""
+    fifo = tmp_path / "bundle.fifo"
+    os.mkfifo(fifo)
+    code = f"""
+import sys
+from nojit.loader.bundle_file import Bundle
+from nojit.loader.errors import BundleError
+for path in ({str(fifo)!r}, "/dev/zero", "/dev/null"):
+    try:
+        Bundle.open(path)
+    except BundleError as exc:
+        assert path in exc.message and "not a regular file" in exc.message and exc.fix, exc
+    else:
+        sys.exit("opened " + path)
+print("refused all")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "refused all" in p.stdout, p.stderr[-2000:]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_a_fifo_positive_control_a_plain_open_blocks(tmp_path):
+    """The open the loader used before (O_RDONLY, blocking) does hang on the FIFO: the test above can fail."""
+    fifo = tmp_path / "bundle.fifo"
+    os.mkfifo(fifo)
+    code = f"import os; os.open({str(fifo)!r}, os.O_RDONLY); print('opened')"
+    with pytest.raises(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=3)
+
+
+@pytest.mark.parametrize("path", [None, 3, 3.5, ["a.nojit"], b"a.nojit", "", "a\0b", object()])
+def test_bundle_open_refuses_a_path_of_the_wrong_type(path):
+    with pytest.raises(BundleError) as info:
+        Bundle.open(path)
+    assert "path" in _fix_named(info.value)
+
+
+@pytest.mark.parametrize("pin", [123, ["0" * 64], b"0" * 64, "", "   ", "0" * 63, "g" * 64])
+def test_bundle_open_refuses_a_pin_of_the_wrong_type_or_form(tmp_path, pin):
+    a = _bundle(str(tmp_path / "a.nojit"), "x")
+    with pytest.raises(BundleError) as info:
+        Bundle.open(str(tmp_path / "a.nojit"), expected_sha256=pin)
+    _fix_named(info.value)
+    with pytest.raises(BundleError):
+        Bundle.open(str(tmp_path / "a.nojit"), pin=Pin(pin))  # type: ignore[arg-type]
+    with pytest.raises(BundleError):
+        Bundle.open(str(tmp_path / "a.nojit"), pin=pin)  # type: ignore[arg-type]
+    good = hashlib.sha256(a).hexdigest()
+    assert Bundle.open(str(tmp_path / "a.nojit"), expected_sha256=good).index.deployment == {"name": "x"}  # control
+
+
+def test_an_empty_pin_in_the_environment_is_an_error_not_unset(tmp_path, monkeypatch):
+    from nojit.loader.settings import settings
+
+    a = _bundle(str(tmp_path / "a.nojit"), "x")
+    for raw in ("", "  "):
+        monkeypatch.setenv("NOJIT_BUNDLE_SHA256", raw)
+        with pytest.raises(BundleError, match="NOJIT_BUNDLE_SHA256 is set but empty") as info:
+            settings.bundle_sha256
+        assert "unset it" in info.value.fix
+    monkeypatch.setenv("NOJIT_BUNDLE_SHA256", "abc")
+    with pytest.raises(BundleError, match="not a sha256 hex digest"):
+        settings.bundle_sha256
+    monkeypatch.setenv("NOJIT_BUNDLE_SHA256", hashlib.sha256(a).hexdigest().upper())
+    assert settings.bundle_sha256 == hashlib.sha256(a).hexdigest()
+    monkeypatch.delenv("NOJIT_BUNDLE_SHA256")
+    assert settings.bundle_sha256 is None
+
+
+@pytest.mark.parametrize("name, value", [
+    ("bundle_path", 3), ("bundle_path", ["a"]), ("bundle_path", "a\0b"), ("mode", 1), ("mode", "strictest"),
+    ("resolver", "not callable"), ("allow_mismatch", "triton"), ("allow_mismatch", [1]), ("record_file", 2.0),
+    ("kernels", "vllm.m:k"), ("kernels", {1}),
+])
+def test_install_refuses_arguments_of_the_wrong_type(name, value):
+    from nojit.loader import install as install_mod
+
+    before = install_mod.current()
+    with pytest.raises(BundleError) as info:
+        install_mod.install(**{name: value})
+    assert name in _fix_named(info.value) or name in info.value.fix
+    assert install_mod.current() is before
+
+
+def _fake_wheel(site, info: object) -> None:
+    """A bundle wheel as pip installs it: dist-info with the entry point, its package with bundle.json."""
+    import json
+
+    dist = site / "nojit_bundle_fake-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nojit-bundle-fake\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("[nojit.bundles]\nfake = nojit_bundle_fake\n")
+    pkg = site / "nojit_bundle_fake"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise SystemExit('the bundle wheel package was imported')\n")
+    (pkg / "bundle.json").write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize("info, field", [
+    ({"file": 123, "sha256": "0" * 64}, "'file'"), ({"file": ["b.nojit"], "sha256": "0" * 64}, "'file'"),
+    ({"file": "../b.nojit", "sha256": "0" * 64}, "'file'"), ({"file": "..", "sha256": "0" * 64}, "'file'"),
+    ({"file": "b.nojit", "sha256": 123}, "'sha256'"), ({"file": "b.nojit", "sha256": None}, "'sha256'"),
+    ({"file": "b.nojit", "sha256": "0" * 12}, "'sha256'"), ([], "not an object"), (5, "not an object"),
+])
+def test_a_bundle_wheel_recording_a_number_or_a_path_is_a_typed_error(tmp_path, monkeypatch, info, field):
+    import importlib
+
+    from nojit.loader import installed_bundles
+    from nojit.loader.errors import BundleCorruptError
+
+    site = tmp_path / "site"
+    _fake_wheel(site, info)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    with pytest.raises(BundleCorruptError, match=field) as info_:
+        installed_bundles.open_installed_bundle()
+    assert "nojit-bundle-fake" in info_.value.message and "force-reinstall" in info_.value.fix
+
+
+def test_a_bundle_wheel_positive_control_a_valid_record_is_found_and_pinned(tmp_path, monkeypatch):
+    import importlib
+
+    from nojit.loader import installed_bundles
+
+    site = tmp_path / "site"
+    data = _bundle(str(tmp_path / "b.nojit"), "wheel")
+    _fake_wheel(site, {"file": "b.nojit", "sha256": hashlib.sha256(data).hexdigest()})
+    (site / "nojit_bundle_fake" / "b.nojit").write_bytes(data)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    bundle = installed_bundles.open_installed_bundle()
+    assert bundle is not None and bundle.index.deployment == {"name": "wheel"}
+    bundle.close()
+    with pytest.raises(BundleError):
+        installed_bundles.open_installed_bundle(env_pin=123)  # type: ignore[arg-type]
