@@ -69,26 +69,46 @@ def resolve_installed(kernel_id: str, packages: tuple[str, ...] = ("vllm",)) -> 
 
 
 def _check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]) -> None:
+    """Refuse unless `module_name` and every package above it are installed files of one of `packages` (lines of
+    its RECORD). Each package on the way is checked before anything imports it (finding a module imports its
+    parents), so a package planted under vllm/ that RECORD does not list never runs; a namespace folder (no
+    __init__.py, no code) may sit on the way, the module itself must be a listed file."""
     refuse = BundleMismatchError(
         f"kernel {kernel_id}: {module_name} is not a module of the installed {' or '.join(packages) or '(no package)'}; "
         "nojit imports nothing else a bundle names",
         fix="the bundle is not from this vLLM (or was edited): rebuild it with `nojit build`",
     )
-    root = module_name.partition(".")[0]
-    if root not in packages or not all(p.isidentifier() for p in module_name.split(".")):
+    if not isinstance(module_name, str):
         raise refuse
-    if module_name in _checked_modules:
-        return
+    parts = module_name.split(".")
+    root = parts[0]
+    if root not in packages or not all(p.isidentifier() for p in parts):
+        raise refuse
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        found = _checked_modules.get(name)
+        if found is None:
+            found = _checked_modules[name] = _kind_of(root, name)
+        if found == "refused" or (found == "namespace" and depth == len(parts)):
+            raise refuse
+
+
+def _kind_of(root: str, name: str) -> str:
+    """"file": the module `name` (its parents already checked) is an installed file of `root`; "namespace": a
+    namespace folder (nothing of it runs: only on the way to a module); "refused". Found without importing it."""
+    loaded = sys.modules.get(name)
     try:
-        spec = importlib.util.find_spec(module_name)  # imports the parent packages: modules of `root`
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.origin or not _is_installed_file(root, spec.origin):
-        raise refuse
-    _checked_modules.add(module_name)
+        spec = loaded.__spec__ if loaded is not None else importlib.util.find_spec(name)  # imports checked parents
+    except (ImportError, ValueError, AttributeError):
+        return "refused"
+    if spec is None:
+        return "refused"
+    if spec.origin is None or spec.origin == "namespace":
+        return "namespace" if spec.submodule_search_locations is not None else "refused"
+    return "file" if _is_installed_file(root, spec.origin) else "refused"
 
 
-_checked_modules: set[str] = set()
+_checked_modules: dict[str, str] = {}  # module -> "file" | "namespace" | "refused" (_kind_of)
 _installed: dict[str, tuple[str, frozenset[str], tuple[str, ...]]] = {}  # package -> (site root, RECORD paths, dirs)
 
 

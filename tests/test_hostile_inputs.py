@@ -270,3 +270,61 @@ def test_a_bundle_wheel_positive_control_a_valid_record_is_found_and_pinned(tmp_
     bundle.close()
     with pytest.raises(BundleError):
         installed_bundles.open_installed_bundle(env_pin=123)  # type: ignore[arg-type]
+
+
+def _fake_distribution(site, package: str) -> None:
+    """An installed distribution `package` whose RECORD lists `good/__init__.py` and `good/mod.py`; next to them,
+    planted files RECORD does not list: a package `planted/` (its __init__ leaves a marker when it runs) with a
+    module, and a namespace folder `ns/` with a listed module (as vllm/third_party/... has)."""
+    pkg = site / package
+    for folder in ("good", "planted", "ns"):
+        (pkg / folder).mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "good" / "__init__.py").write_text("")
+    (pkg / "good" / "mod.py").write_text("k = 'good'\n")
+    (pkg / "ns" / "mod.py").write_text("k = 'namespace'\n")
+    marker = site / "planted-ran"
+    (pkg / "planted" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (pkg / "planted" / "mod.py").write_text("k = 'planted'\n")
+    dist = site / f"{package}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n")
+    listed = ["__init__.py", "good/__init__.py", "good/mod.py", "ns/mod.py"]
+    (dist / "RECORD").write_text("".join(f"{package}/{name},,\n" for name in listed))
+
+
+def test_a_package_planted_in_an_installed_package_is_never_imported(tmp_path):
+    """`vllm.planted.mod:k`: finding the module imported the planted package's __init__ before RECORD was asked.
+    Run in a child (its own sys.modules), for a distribution made by the test."""
+    site = tmp_path / "site"
+    _fake_distribution(site, "nojit_fake_dist")
+    code = f"""
+import os, sys
+sys.path.insert(0, {str(site)!r})
+from nojit.loader.errors import BundleMismatchError
+from nojit.loader.install import resolve_installed
+pk = ("nojit_fake_dist",)
+assert resolve_installed("nojit_fake_dist.good.mod:k", pk) == "good"  # control: a listed module resolves
+assert resolve_installed("nojit_fake_dist.ns.mod:k", pk) == "namespace"  # through a namespace folder
+for kid in ("nojit_fake_dist.planted.mod:k", "nojit_fake_dist.planted:k", "nojit_fake_dist.ns:k"):
+    try:
+        resolve_installed(kid, pk)
+    except BundleMismatchError as exc:
+        assert "nojit imports nothing else" in exc.message and exc.fix
+    else:
+        sys.exit("resolved " + kid)
+assert not os.path.exists({str(site / "planted-ran")!r}), "the planted package ran"
+assert "nojit_fake_dist.planted" not in sys.modules
+print("refused")
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "refused" in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+def test_a_planted_package_positive_control_finding_the_module_runs_it(tmp_path):
+    """What the old check did first (importlib.util.find_spec of the module): the planted __init__ runs."""
+    site = tmp_path / "site"
+    _fake_distribution(site, "nojit_fake_dist")
+    code = f"import sys, importlib.util; sys.path.insert(0, {str(site)!r}); importlib.util.find_spec('nojit_fake_dist.planted.mod')"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert os.path.exists(site / "planted-ran")
