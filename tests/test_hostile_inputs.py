@@ -328,3 +328,84 @@ def test_a_planted_package_positive_control_finding_the_module_runs_it(tmp_path)
     code = f"import sys, importlib.util; sys.path.insert(0, {str(site)!r}); importlib.util.find_spec('nojit_fake_dist.planted.mod')"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     assert os.path.exists(site / "planted-ran")
+
+
+_CUTE_CHILD = """
+import importlib.metadata, json, os, sys
+from types import SimpleNamespace
+site, case = sys.argv[1], sys.argv[2]
+sys.path.insert(0, site)
+from nojit.loader import cutedsl_serving as cs
+from nojit.loader.cutedsl_key import source_hash_of_files
+from nojit.loader.errors import BundleMismatchError
+from nojit.loader.install import resolve_installed
+from nojit.loader.manifest import KernelRecord
+from nojit.loader.policy import ServingPolicy
+from nojit.loader.settings import Mode
+cs.SOURCE_PACKAGES = ("nojit_fake_dist",)
+pkg = os.path.join(site, "nojit_fake_dist", "good")
+def version(tool):
+    try:
+        return importlib.metadata.version(tool)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+kid = "nojit_fake_dist.good.owner:k"
+names = {"wrong-hash": ["nojit_fake_dist.good.owner", "nojit_fake_dist.good.side"],
+         "planted": ["nojit_fake_dist.good.owner", "nojit_fake_dist.planted.mod"],
+         "valid": ["nojit_fake_dist.good.owner", "nojit_fake_dist.good.side"]}[case]
+files = [(n, os.path.join(site, *n.split(".")) + ".py") for n in names]
+digest = source_hash_of_files(files) if case == "valid" else "0" * 64
+record = KernelRecord(kid, "cutedsl", digest, (), {"sources": names, **{t: version(t) for t in cs.TOOLS}})
+bundle = SimpleNamespace(path="<fake bundle>", index=SimpleNamespace(kernels={kid: record}), entries=lambda k: ())
+pk = ("nojit_fake_dist",)
+try:
+    cs.install(bundle, [kid], ServingPolicy(Mode.STRICT, "<fake bundle>"), frozenset(), lambda k: resolve_installed(k, pk))
+    outcome = "installed"
+except BundleMismatchError as exc:
+    outcome = "refused: " + exc.message
+ran = sorted(n for n in os.listdir(site) if n.endswith("-ran"))
+print(json.dumps({"outcome": outcome, "ran": ran, "imported": sorted(m for m in sys.modules if m.startswith("nojit_fake"))}))
+"""
+
+
+def _cute_distribution(site) -> None:
+    """_fake_distribution plus a CuTeDSL-like owner module and a listed helper module, each leaving a marker when
+    it runs."""
+    _fake_distribution(site, "nojit_fake_dist")
+    good = site / "nojit_fake_dist" / "good"
+    for name, body in (("owner", "class Owner:\n    _compiled_cache = {}\n    def compile(self, key): pass\nk = Owner()\n"),
+                       ("side", "")):
+        (good / f"{name}.py").write_text(f"open({str(site / (name + '-ran'))!r}, 'w').close()\n{body}")
+    record = site / "nojit_fake_dist-1.0.dist-info" / "RECORD"
+    record.write_text(record.read_text() + "nojit_fake_dist/good/owner.py,,\nnojit_fake_dist/good/side.py,,\n")
+
+
+@pytest.mark.parametrize("case", ["wrong-hash", "planted"])
+def test_a_cutedsl_record_imports_nothing_it_names_before_its_checks_pass(tmp_path, case):
+    """A record's `info.sources` made the loader import each module it names, then refuse the record (wrong
+    source hash): the modules' code had run. Now the sources are hashed from their installed files and the
+    record refused before anything of it, the owner's module included, is imported."""
+    import json
+
+    site = tmp_path / "site"
+    _cute_distribution(site)
+    p = subprocess.run([sys.executable, "-c", _CUTE_CHILD, str(site), case], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["outcome"].startswith("refused"), out
+    assert ("source changed" if case == "wrong-hash" else "planted.mod is not a module") in out["outcome"], out
+    assert out["ran"] == [] and set(out["imported"]) <= {"nojit_fake_dist"}, out  # the package's empty __init__ at most
+
+
+def test_a_cutedsl_record_positive_control_a_valid_record_installs(tmp_path):
+    """The same record with its right source hash installs (its owner is resolved, so the owner's module runs,
+    after the checks); the helper module it lists is hashed from its file, never imported."""
+    import json
+
+    site = tmp_path / "site"
+    _cute_distribution(site)
+    p = subprocess.run([sys.executable, "-c", _CUTE_CHILD, str(site), "valid"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["outcome"] == "installed" and out["ran"] == ["owner-ran"], out
