@@ -209,7 +209,7 @@ class Bundle:
 
     def entries(self, kernel: str) -> tuple[Entry, ...]:
         """The kernel's entries; its section is read and validated at the first call (thread-safe)."""
-        found = self._sections.get(kernel)
+        found = self._sections.get(kernel) if isinstance(kernel, str) else _not_a_name("kernel", kernel)
         if found is None:
             if kernel not in self.index.sections:
                 return ()
@@ -222,6 +222,8 @@ class Bundle:
     def entries_of_variant(self, kernel: str, variant: str) -> tuple[Entry, ...]:
         """One variant's entries of the kernel (a Triton server's exact entries at first use, its generic ones at
         its first miss), each validated as entries() would, when first asked for (thread-safe)."""
+        if not isinstance(kernel, str) or not isinstance(variant, str):
+            _not_a_name("kernel and variant", (kernel, variant))
         found = self._parts.get((kernel, variant))
         if found is None:
             if kernel not in self.index.sections:
@@ -277,7 +279,7 @@ class Bundle:
 
     def read_blob(self, sha256: str) -> bytes:
         """The raw cubin with this digest, decompressed and verified, read from the descriptor opened at open."""
-        ref = self.index.blobs.get(sha256)
+        ref = self.index.blobs.get(sha256) if isinstance(sha256, str) else _not_a_name("blob digest", sha256)
         if ref is None:
             raise BundleCorruptError(f"{self.path}: no blob {sha256[:12]}", fix=_FIX)
         if self._fd is None:
@@ -297,6 +299,10 @@ class Bundle:
         for sha in self.index.blobs:
             self.read_blob(sha)
         return len(self.index.blobs)
+
+
+def _not_a_name(what: str, value: object) -> Any:
+    raise BundleError(f"{what} {value!r:.80} is not a str", fix="pass the name as a str (a nojit bug if it came from nojit)")
 
 
 def _json(raw: bytes, what: str) -> Any:

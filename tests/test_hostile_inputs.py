@@ -409,3 +409,14 @@ def test_a_cutedsl_record_positive_control_a_valid_record_installs(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["outcome"] == "installed" and out["ran"] == ["owner-ran"], out
+
+
+def test_bundle_lookups_refuse_names_of_the_wrong_type(tmp_path):
+    _bundle(str(tmp_path / "a.nojit"), "x")
+    b = Bundle.open(str(tmp_path / "a.nojit"))
+    for call in (lambda: b.entries(["k"]), lambda: b.entries(None), lambda: b.entries_of_variant("pkg.mod:kernel", 1),
+                 lambda: b.read_blob(123), lambda: b.read_blob({})):
+        with pytest.raises(BundleError, match="is not a str"):
+            call()
+    assert len(b.entries("pkg.mod:kernel")) == 1 and b.entries("pkg.mod:other") == ()  # control
+    b.close()
