@@ -15,11 +15,8 @@ so all of it is checked at startup, before serving; `Installation.prepare()` doe
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import importlib.util
 import logging
 import os
-import pathlib
 import sys
 import threading
 import time
@@ -31,6 +28,7 @@ from nojit.loader.bundle_file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
 from nojit.loader import firewall, landlock
 from nojit.loader.guards import install_strict_guards
+from nojit.loader.installed_modules import check_importable
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.settings import Mode, settings
 from nojit.loader.versions import RuntimeVersions, check_versions
@@ -64,72 +62,8 @@ def resolve_object(kernel_id: str, import_module: Callable[[str], Any] = importl
 def resolve_installed(kernel_id: str, packages: tuple[str, ...] = ("vllm",)) -> Any:
     """`resolve_object` for a kernel id read from a bundle: the module is imported only if it is an installed
     file of one of `packages` (the packages the bundle was built from), so bundle data never picks what runs."""
-    _check_importable(kernel_id, kernel_id.partition(":")[0], packages)
+    check_importable(kernel_id, kernel_id.partition(":")[0], packages)
     return resolve_object(kernel_id)
-
-
-def _check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]) -> None:
-    refuse = BundleMismatchError(
-        f"kernel {kernel_id}: {module_name} is not a module of the installed {' or '.join(packages) or '(no package)'}; "
-        "nojit imports nothing else a bundle names",
-        fix="the bundle is not from this vLLM (or was edited): rebuild it with `nojit build`",
-    )
-    root = module_name.partition(".")[0]
-    if root not in packages or not all(p.isidentifier() for p in module_name.split(".")):
-        raise refuse
-    if module_name in _checked_modules:
-        return
-    try:
-        spec = importlib.util.find_spec(module_name)  # imports the parent packages: modules of `root`
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.origin or not _is_installed_file(root, spec.origin):
-        raise refuse
-    _checked_modules.add(module_name)
-
-
-_checked_modules: set[str] = set()
-_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...]]] = {}  # package -> (site root, RECORD paths, dirs)
-
-
-def _is_installed_file(package: str, origin: str) -> bool:
-    """Whether `origin` is a .py file the installed distribution of `package` holds (a line of its RECORD),
-    or, for an editable (development) install whose RECORD lists no modules, a .py file of its source tree.
-    One RECORD read per package; no per-file work over the whole distribution."""
-    found = _installed.get(package)
-    if found is None:
-        root, record = "", ""
-        try:
-            dist = _distribution(package)
-            root = os.path.abspath(str(dist.locate_file("")))
-            record = dist.read_text("RECORD") or ""
-        except importlib.metadata.PackageNotFoundError:
-            pass
-        spec = importlib.util.find_spec(package)
-        dirs = tuple(os.path.realpath(d) for d in (spec.submodule_search_locations or ())) if spec else ()
-        listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
-        found = _installed[package] = (root, listed, dirs)
-    root, listed, dirs = found
-    path = os.path.realpath(origin)
-    if not path.endswith(".py"):
-        return False
-    # RECORD names files relative to the folder holding the dist-info, as the import system finds them there: a
-    # layered image may link the package folder in from elsewhere, so compare the unresolved paths, then resolved
-    if root and (os.path.relpath(os.path.abspath(origin), root) in listed
-                 or os.path.relpath(path, os.path.realpath(root)) in listed):
-        return True
-    has_modules = any(p.endswith("/__init__.py") for p in listed)
-    return not has_modules and any(path.startswith(d + os.sep) for d in dirs)
-
-
-def _distribution(package: str) -> importlib.metadata.Distribution:
-    """The package's distribution, found next to it (one directory listing) before a search of sys.path."""
-    from nojit.loader.versions import dist_info_dir
-
-    found = dist_info_dir(package)
-    if found is not None:
-        return importlib.metadata.PathDistribution(pathlib.Path(found))
-    return importlib.metadata.distribution(package)
 
 
 def jit_function_of(obj: Any) -> Any:
@@ -243,6 +177,7 @@ def install(
     object (default: import module, walk qualname). kernels limits the install to those ids.
     """
     global _current
+    _check_arguments(bundle_path, mode, resolver, allow_mismatch, record_file, kernels)
     with _lock:
         asked = {"bundle_path": bundle_path, "mode": mode, "resolver": resolver, "allow_mismatch": allow_mismatch,
                  "record_file": record_file, "kernels": kernels}
@@ -352,6 +287,30 @@ class _Steps:
         now = time.perf_counter()
         self.steps[name] = (now - self._t) * 1e3
         self._t = now
+
+
+def _check_arguments(bundle_path: Any, mode: Any, resolver: Any, allow_mismatch: Any, record_file: Any,
+                     kernels: Any) -> None:
+    """install()'s arguments, type-checked before anything is done: a wrong one is a BundleError naming it."""
+    def refuse(name: str, value: Any, want: str) -> BundleError:
+        return BundleError(f"install({name}={value!r:.80}): a {type(value).__name__}, expected {want}",
+                           fix=f"pass {name} as {want}, or leave it out to use the environment's setting")
+
+    for name, value in (("bundle_path", bundle_path), ("record_file", record_file)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise refuse(name, value, "a path (str)")
+        if isinstance(value, str) and (not value or "\0" in value):
+            raise BundleError(f"install({name}={value!r:.80}): empty or holds a NUL byte", fix=f"pass {name} as a path")
+    if mode is not None:
+        choices = ", ".join(m.value for m in Mode)
+        if not isinstance(mode, Mode) and not (isinstance(mode, str) and mode in {m.value for m in Mode}):
+            raise BundleError(f"install(mode={mode!r:.80}) is not a mode", fix=f"pass one of: {choices}")
+    if resolver is not None and not callable(resolver):
+        raise refuse("resolver", resolver, "a callable mapping a kernel id to its object")
+    for name, value in (("allow_mismatch", allow_mismatch), ("kernels", kernels)):
+        if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, (set, frozenset, list, tuple))
+                                  or not all(isinstance(v, str) for v in value)):
+            raise refuse(name, value, "a set of str")
 
 
 def _allowed_words(words: Any) -> frozenset[str]:
