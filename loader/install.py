@@ -30,6 +30,7 @@ from typing import Any
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
 from nojit.loader import firewall
+from nojit.loader.driver_floor import check_driver
 from nojit.loader.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.settings import Mode, settings
@@ -274,6 +275,8 @@ def install(
         clock.step("firewall")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         clock.step("versions")
+        check_driver(bundle.index, path, mode is Mode.STRICT, log.warning, log.info)  # before any cubin reaches the driver
+        clock.step("driver")
         recorder = None
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
@@ -319,10 +322,9 @@ def install(
             inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
         clock.step("deepgemm")
         from nojit.loader.cuda_launch import launcher
-        from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability
 
-        launcher().device_check = lambda device: check_arch(bundle.index, path, device_capability(device), allow)
+        launcher().device_check = lambda device: check_exact_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
             install_strict_guards()
         clock.step("guards")
@@ -349,6 +351,18 @@ class _Steps:
         now = time.perf_counter()
         self.steps[name] = (now - self._t) * 1e3
         self._t = now
+
+
+def check_exact_arch(index: Any, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
+    """At a device's first launch: its capability (versions.check_arch), then every arch the bundle recorded."""
+    from nojit.loader.arch_fit import arch_problems
+    from nojit.loader.versions import check_arch
+
+    check_arch(index, path, capability, allow)
+    problems = arch_problems(index, capability)
+    if problems and "arch" not in allow:
+        raise BundleMismatchError(f"bundle {path} is not built for exactly this GPU: " + "; ".join(problems),
+                                  fix="rebuild the bundle for this GPU's architecture (one arch per bundle)")
 
 
 def _allowed_words(words: Any) -> frozenset[str]:
