@@ -141,6 +141,12 @@ def _package(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from nojit.loader.doctor import main as doctor_main  # loader-side: a serving machine needs no build deps
+
+    return doctor_main(args.bundle, args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nojit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("-o", "--output", default="dist", help="directory for the wheel (default: dist)")
     w.add_argument("--version", help="wheel version (default: <nojit version>+<first 12 hex of the bundle sha256>)")
     w.set_defaults(func=_package)
+
+    d = sub.add_parser("doctor", help="check, without starting vLLM, whether a bundle will serve on this machine")
+    d.add_argument("bundle", nargs="?", help="the bundle (default: NOJIT_BUNDLE, else the installed bundle wheel)")
+    d.add_argument("--json", action="store_true", help="the findings as JSON")
+    d.set_defaults(func=_doctor)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
