@@ -87,7 +87,8 @@ def floor_of(runtime: str, tool: str, recorded: str | None) -> RuntimeFloor:
     if toolkit is None:
         return RuntimeFloor(runtime, f"{tool} (not recorded)", None, 0, "", "")
     major, _ = toolkit
-    return RuntimeFloor(runtime, f"{tool} {recorded}", toolkit, major * 1000, MINOR_COMPAT_DRIVER.get(major, ""),
+    shown = re.search(r"V(\d+\.\d+\.\d+)", recorded or "") or re.search(r"(\d{2}\.\d+(?:\.\d+)?)", recorded or "")
+    return RuntimeFloor(runtime, f"{tool} {shown.group(1) if shown else recorded}", toolkit, major * 1000, MINOR_COMPAT_DRIVER.get(major, ""),
                         TOOLKIT_DRIVER.get(toolkit, ""))
 
 
