@@ -82,3 +82,20 @@ def test_install_refuses_a_bundle_the_driver_cannot_load(small_build, tmp_path, 
         inst.uninstall()
     monkeypatch.setattr(driver_floor, "LIBCUDA", fake_libcuda(tmp_path, driver=12020))  # control: a 535 driver
     install(small_build["bundle"], mode="strict").uninstall()
+
+
+def test_first_launch_wants_exactly_the_bundles_arch():
+    """install()'s device check: the capability, then every arch a runtime recorded."""
+    from nojit.loader.errors import BundleMismatchError
+    from nojit.loader.install import check_exact_arch
+
+    def index(flashinfer_arch):
+        kernels = {"f": SimpleNamespace(runtime="flashinfer", info={"cuda_arch": flashinfer_arch})}
+        return SimpleNamespace(kernels=kernels, target=SimpleNamespace(arch="sm_90a", capability=90))
+
+    check_exact_arch(index("sm90a"), "b.nojit", (9, 0), frozenset())  # control: all sm_90a on a 9.0 GPU
+    with pytest.raises(BundleMismatchError, match="compute capability 10.0"):
+        check_exact_arch(index("sm90a"), "b.nojit", (10, 0), frozenset())
+    with pytest.raises(BundleMismatchError, match="flashinfer recorded sm_90, not the bundle's target sm_90a"):
+        check_exact_arch(index("sm90"), "b.nojit", (9, 0), frozenset())
+    check_exact_arch(index("sm90"), "b.nojit", (9, 0), frozenset({"arch"}))  # NOJIT_ALLOW_MISMATCH=arch
