@@ -173,7 +173,7 @@ def plan_line(plan: Plan, cached: int, todo: list[int], times: CompileTimes | No
     mean = sum(known) / len(known)
     total = (sum(known) + mean * (len(guesses) - len(known))) / max(1, min(jobs, len(todo)))
     unknown = f", {len(guesses) - len(known)} at the mean" if len(known) < len(guesses) else ""
-    return line + f", about {clock(total)} on {jobs} jobs (recorded compile times{unknown})"
+    return line + f", about {clock(total)} on {jobs} job{'s' if jobs != 1 else ''} (recorded compile times{unknown})"
 
 
 def compile_plan(plan: Plan, opts: BuildOptions) -> list[tuple[PlanRequest, CompileResult]]:
