@@ -162,7 +162,7 @@ def plan_line(plan: Plan, cached: int, todo: list[int], times: CompileTimes | No
     exact = sum(r.variant == "exact" for r in plan.requests)
     runtimes = ", ".join(sorted(plan.runtimes()))
     line = (f"plan: {len(plan.kernels)} kernels ({runtimes}), {exact} keys + {len(plan.requests) - exact} generic "
-            f"entries; {cached} in the compile cache, {len(todo)} to compile")
+            f"entries; {cached} of {len(plan.requests)} in the compile cache, {len(todo)} to compile")
     if not todo:
         return line
     guesses = [times.guess(plan.requests[i].kernel, plan.kernels[plan.requests[i].kernel].runtime) if times else None
