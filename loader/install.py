@@ -27,6 +27,7 @@ from typing import Any
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
 from nojit.loader import firewall, landlock
+from nojit.loader.driver_floor import check_driver
 from nojit.loader.guards import install_strict_guards
 from nojit.loader.installed_modules import check_importable
 from nojit.loader.policy import KeyRecorder, ServingPolicy
@@ -212,6 +213,8 @@ def install(
             clock.step("landlock")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         clock.step("versions")
+        check_driver(bundle.index, path, mode is Mode.STRICT, log.warning, log.info)  # before any cubin reaches the driver
+        clock.step("driver")
         recorder = None
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
@@ -257,10 +260,9 @@ def install(
             inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
         clock.step("deepgemm")
         from nojit.loader.cuda_launch import launcher
-        from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability
 
-        launcher().device_check = lambda device: check_arch(bundle.index, path, device_capability(device), allow)
+        launcher().device_check = lambda device: check_exact_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
             install_strict_guards()
         clock.step("guards")
@@ -311,6 +313,18 @@ def _check_arguments(bundle_path: Any, mode: Any, resolver: Any, allow_mismatch:
         if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, (set, frozenset, list, tuple))
                                   or not all(isinstance(v, str) for v in value)):
             raise refuse(name, value, "a set of str")
+
+
+def check_exact_arch(index: Any, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
+    """At a device's first launch: its capability (versions.check_arch), then every arch the bundle recorded."""
+    from nojit.loader.arch_fit import arch_problems
+    from nojit.loader.versions import check_arch
+
+    check_arch(index, path, capability, allow)
+    problems = arch_problems(index, capability)
+    if problems and "arch" not in allow:
+        raise BundleMismatchError(f"bundle {path} is not built for exactly this GPU: " + "; ".join(problems),
+                                  fix="rebuild the bundle for this GPU's architecture (one arch per bundle)")
 
 
 def _allowed_words(words: Any) -> frozenset[str]:

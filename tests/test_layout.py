@@ -43,7 +43,7 @@ def test_installed_names_live_under_the_nojit_namespace(tmp_path):
 # runtimes/<r>/ and models/<m>/ are rooms: one never imports another room of its kind.
 AOT_LAYERS = (
     ("machinery", ("data", "errors", "progress", "target", "vllm_env", "deployment", "bundle_writer", "plan", "faces", "pool",
-                   "reproducible", "ray_pool", "compile_cache")),
+                   "reproducible", "ray_pool", "compile_cache", "build_log", "compile_times")),
     ("runtime rooms", ("runtimes.*",)),
     ("runtime registry", ("runtimes",)),
     ("model rooms", ("models.*",)),
