@@ -1,0 +1,154 @@
+"""Assemble the one folder the `one` step carries (tests/gpu/check_one_process.py): ignored, never committed.
+
+    python tools/prepare_one_device.py --bundle B.nojit --plan P.json [--out /work/main/.device-one] [--jit-headers]
+
+The device call sends the coordinator's checkout plus carried ignored folders (64 MiB in all), so everything the step
+needs goes into OUT/repo, a copy of this worktree's files (tracked and untracked-not-ignored) with, beside them:
+  .device-one/rest.nojit       the bundle without its Triton entries (the device's Triton differs: those are built
+                               there from the plan and merged back, `nojit build --from-plan ... --merge`)
+  .device-one/preflight.plan.json  the plan less the Triton kernels that were not extracted (what the device can hold)
+  .device/ .whl/               tools/prepare_device.py's output (vLLM's Triton kernels, call-site and mHC files,
+                               the nojit wheel); .device/vllm_src also gets the CuTeDSL references' vLLM files
+  .device-fi/ .device-cu/ .device-hg/  the FlashInfer, CuTeDSL and Humming preparations (their prepare_*_device.py),
+                               without their own bundle copies: the one bundle serves all of them
+  .device-dg/                  vLLM's vendored DeepGEMM as deep_gemm.tar.xz (its extension and include/deep_gemm;
+                               with --jit-headers also cute/ and cutlass/, which only DeepGEMM's JIT reads: the JIT
+                               side of the table), libcudart.so.13, rows.json (the ops and shapes checked, at the
+                               composed step's decode batch and prefill chunk)
+Prints the size of each part and refuses a payload over the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+LIMIT = 63 << 20
+STEP_MS = (1, 64, 8192)  # decode batch 1 and 64, prefill chunk max_num_batched_tokens
+
+
+def tree_size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+               if not os.path.islink(os.path.join(d, f)))
+
+
+def copy_worktree(repo: str) -> int:
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "-co", "--exclude-standard"], capture_output=True,
+                           text=True, check=True).stdout.split()
+    for rel in files:
+        src = os.path.join(ROOT, rel)
+        if not os.path.isfile(src):
+            continue
+        dst = os.path.join(repo, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy2(src, dst)
+    return len(files)
+
+
+def copy_without_bundles(src: str, dst: str) -> None:
+    shutil.copytree(src, dst, ignore=lambda d, names: {n for n in names if n.endswith(".nojit") or n == "__pycache__"})
+
+
+def preflight_plan(plan_path: str, device_plan_path: str, out: str) -> dict[str, int]:
+    with open(plan_path) as f:
+        plan = json.load(f)
+    with open(device_plan_path) as f:
+        extracted = set(json.load(f)["kernels"])
+    keep = {k for k, v in plan["kernels"].items() if v["runtime"] != "triton" or k in extracted}
+    plan["kernels"] = {k: v for k, v in plan["kernels"].items() if k in keep}
+    plan["requests"] = [r for r in plan["requests"] if r["kernel"] in keep]
+    with open(out, "w") as f:
+        json.dump(plan, f, sort_keys=True)
+    counts: dict[str, int] = {}
+    for r in plan["requests"]:
+        rt = plan["kernels"][r["kernel"]]["runtime"]
+        counts[rt] = counts.get(rt, 0) + (r["variant"] == "exact")
+    return counts
+
+
+def deepgemm_dir(out: str, jit_headers: bool) -> None:
+    import vllm.third_party.deep_gemm as dg
+
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
+
+    pkg = os.path.dirname(dg.__file__)
+    os.makedirs(os.path.join(out, "lib"), exist_ok=True)
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = info.name.split("/")
+        if "__pycache__" in parts:
+            return None
+        if not jit_headers and len(parts) > 2 and parts[1] == "include" and parts[2] in ("cute", "cutlass"):
+            return None
+        return info
+
+    with tarfile.open(os.path.join(out, "deep_gemm.tar.xz"), "w:xz", preset=6) as tar:
+        tar.add(pkg, arcname="deep_gemm", filter=keep)
+    import nvidia.cu13
+
+    cudart = os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.13")
+    shutil.copy(os.path.realpath(cudart), os.path.join(out, "lib", "libcudart.so.13"))
+    d = load_deployment()
+    rows = [op_row(op, s, list(STEP_MS), d.platform.sm_count) for op, shapes in deepgemm_shapes(d).items()
+            for s in shapes]
+    with open(os.path.join(out, "rows.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--out", default="/work/main/.device-one")
+    ap.add_argument("--jit-headers", action="store_true")
+    ap.add_argument("--skip-deepgemm", action="store_true", help="keep OUT/repo/.device-dg as it is")
+    args = ap.parse_args()
+    repo = os.path.join(args.out, "repo")
+    keep_dg = os.path.join(args.out, "dg-kept")
+    if args.skip_deepgemm and os.path.isdir(os.path.join(repo, ".device-dg")):
+        shutil.rmtree(keep_dg, ignore_errors=True)
+        shutil.move(os.path.join(repo, ".device-dg"), keep_dg)
+    shutil.rmtree(repo, ignore_errors=True)
+    n = copy_worktree(repo)
+    one = os.path.join(repo, ".device-one")
+    os.makedirs(one)
+    from check_one_process import bundle_without
+
+    bundle_without(args.bundle, os.path.join(one, "rest.nojit"), frozenset({"triton"}))
+    for name in (".whl", ".device"):
+        shutil.copytree(os.path.join(ROOT, name), os.path.join(repo, name),
+                        ignore=lambda d, names: {x for x in names if x.endswith(".nojit") or x in ("__pycache__", "vllm_mhc")})
+    for name in (".device-fi", ".device-cu", ".device-hg"):
+        if os.path.isdir(os.path.join(ROOT, name)):
+            copy_without_bundles(os.path.join(ROOT, name), os.path.join(repo, name))
+    cu_src = os.path.join(ROOT, ".device-cu", "vllm_src", "vllm")
+    if os.path.isdir(cu_src):  # one vLLM tree in the process: the CuTeDSL references' files join the call sites'
+        shutil.copytree(cu_src, os.path.join(repo, ".device", "vllm_src", "vllm"), dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    counts = preflight_plan(args.plan, os.path.join(ROOT, ".device", "device.plan.json"),
+                            os.path.join(one, "preflight.plan.json"))
+    if args.skip_deepgemm and os.path.isdir(keep_dg):
+        shutil.move(keep_dg, os.path.join(repo, ".device-dg"))
+    else:
+        deepgemm_dir(os.path.join(repo, ".device-dg"), args.jit_headers)
+    sizes = {name: tree_size(os.path.join(repo, name)) for name in sorted(os.listdir(repo))}
+    total = tree_size(repo)
+    for name, size in sorted(sizes.items(), key=lambda x: -x[1])[:12]:
+        print(f"  {size / 2**20:7.2f} MiB  {name}")
+    print(f"{n} worktree files; preflight plan exact keys {counts}; payload {total / 2**20:.2f} MiB in {repo}")
+    if total > LIMIT:
+        print(f"over the {LIMIT >> 20} MiB a device call carries")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
