@@ -11,6 +11,7 @@ needs goes into OUT/repo, a copy of this worktree's files (tracked and untracked
                                the nojit wheel); .device/vllm_src also gets the CuTeDSL references' vLLM files
   .device-fi/ .device-cu/ .device-hg/  the FlashInfer, CuTeDSL and Humming preparations (their prepare_*_device.py),
                                without their own bundle copies: the one bundle serves all of them
+  .device-dg/section/          only for a bundle without DeepGEMM: prepare_deepgemm_device.py's section and cubins
   .device-dg/                  vLLM's vendored DeepGEMM as deep_gemm.tar.xz (its extension and include/deep_gemm;
                                with --jit-headers also cute/ and cutlass/, which only DeepGEMM's JIT reads: the JIT
                                side of the table), libcudart.so.13, rows.json (the ops and shapes checked, at the
@@ -125,7 +126,8 @@ def main() -> int:
     bundle_without(args.bundle, os.path.join(one, "rest.nojit"), frozenset({"triton"}))
     for name in (".whl", ".device"):
         shutil.copytree(os.path.join(ROOT, name), os.path.join(repo, name),
-                        ignore=lambda d, names: {x for x in names if x.endswith(".nojit") or x in ("__pycache__", "vllm_mhc")})
+                        ignore=lambda d, names: {x for x in names if x.endswith(".nojit")
+                                                 or x in ("__pycache__", "vllm_mhc", "deepgemm")})
     for name in (".device-fi", ".device-cu", ".device-hg"):
         if os.path.isdir(os.path.join(ROOT, name)):
             copy_without_bundles(os.path.join(ROOT, name), os.path.join(repo, name))
@@ -139,6 +141,17 @@ def main() -> int:
         shutil.move(keep_dg, os.path.join(repo, ".device-dg"))
     else:
         deepgemm_dir(os.path.join(repo, ".device-dg"), args.jit_headers)
+    section = os.path.join(ROOT, ".device", "deepgemm")
+    from nojit.loader.bundle_file import Bundle
+
+    if os.path.isfile(os.path.join(section, "section.json")) and not any(
+            r.runtime == "deepgemm" for r in Bundle.open(args.bundle).manifest.kernels.values()):
+        # a bundle without DeepGEMM: prepare_deepgemm_device.py's entries (the composed step's M) in its place
+        target = os.path.join(repo, ".device-dg", "section")
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        shutil.copy(os.path.join(section, "section.json"), target)
+        shutil.copytree(os.path.join(section, "cubins"), os.path.join(target, "cubins"))
     sizes = {name: tree_size(os.path.join(repo, name)) for name in sorted(os.listdir(repo))}
     total = tree_size(repo)
     for name, size in sorted(sizes.items(), key=lambda x: -x[1])[:12]:
