@@ -104,9 +104,36 @@ def deepgemm_dir(out: str, jit_headers: bool) -> None:
         json.dump(rows, f, indent=1)
 
 
+def merge_bundles(paths: list[str], out: str) -> None:
+    """Several bundles of distinct kernels as one (what `nojit build --merge` does after compiling), for the parts
+    built separately on this box; the producer's tool facts (TileLang, nvcc, the toolchain record) are joined."""
+    import dataclasses
+
+    from nojit.aot.bundle_writer import write_bundle
+    from nojit.loader.bundle_file import Bundle
+
+    kernels, entries, cubins, producer = {}, [], {}, None
+    for path in paths:
+        b = Bundle.open(path)
+        m = b.manifest
+        for kid, rec in m.kernels.items():
+            if kid in kernels:
+                raise SystemExit(f"{path}: kernel {kid} is in two of the merged bundles")
+            kernels[kid] = rec
+        entries += list(m.entries)
+        cubins.update({e.blob: b.read_blob(e.blob) for e in m.entries})
+        if producer is None:
+            producer, target, deployment = m.producer, m.target, m.deployment
+        else:
+            facts = {f: getattr(producer, f) or getattr(m.producer, f) for f in ("tilelang", "nvcc", "ptxas")}
+            chain = {**(m.producer.toolchain or {}), **(producer.toolchain or {})}
+            producer = dataclasses.replace(producer, toolchain=chain or None, **facts)
+    write_bundle(out, producer, target, deployment, kernels.values(), entries, cubins)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--bundle", required=True, action="append", help="the bundle (repeat: parts merged into one)")
     ap.add_argument("--plan", required=True)
     ap.add_argument("--out", default="/work/main/.device-one")
     ap.add_argument("--jit-headers", action="store_true")
@@ -118,6 +145,12 @@ def main() -> int:
         shutil.rmtree(keep_dg, ignore_errors=True)
         shutil.move(os.path.join(repo, ".device-dg"), keep_dg)
     shutil.rmtree(repo, ignore_errors=True)
+    if len(args.bundle) > 1:
+        merged = os.path.join(args.out, "merged-parts.nojit")
+        merge_bundles(args.bundle, merged)
+        args.bundle = merged
+    else:
+        args.bundle = args.bundle[0]
     n = copy_worktree(repo)
     one = os.path.join(repo, ".device-one")
     os.makedirs(one)

@@ -281,8 +281,15 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
     dev = torch.cuda.current_device()
     with ledger.measure("triton", "preload") as m:
         m.loaded = f"{sum(sv.preload(dev) for sv in s.inst.triton.values())} modules"
-    if s.inst.tilelang:
-        s.notes["tilelang-preload"] = "at the mHC module's import (its decorators make the servers)"
+    if "tilelang" in s.present:
+        import check_tilelang as ctl
+
+        from nojit.loader.tilelang_serving import TileLangKernelServer
+
+        with ledger.measure("tilelang", "preload") as m:
+            mhc = importlib.import_module(ctl.MHC)  # its decorators make the servers (tilelang_serving)
+            servers = [v for v in vars(mhc).values() if isinstance(v, TileLangKernelServer)]
+            m.loaded = f"{sum(sv.preload(dev) for sv in servers)} modules of {len(servers)} kernels"
     if "cutedsl" in s.present:
         import tvm_ffi
 
@@ -468,7 +475,6 @@ def part_tilelang(s: Start) -> Part:
     if not report["ok"]:
         p.failures.append("check_tilelang's verdict: FAIL")
     p.detail = f"{len(report['entries'])} entries, sizes {sizes}, cubins loaded {report.get('modules_loaded')}"
-    s.ledger.add("tilelang", "preload", report.get("preload_s", 0.0) * 1e3, loaded=f"{report.get('modules_loaded')} modules")
     mhc = importlib.import_module(ctl.MHC)
     ref = ctl.Float64Reference(importlib.import_module(ctl.TORCH_REF))
     from nojit.loader.tilelang_key import key_from_json, key_names
@@ -854,6 +860,8 @@ def print_tables(parts: list[Part], graph: dict, counters: dict, ledger: Ledger,
     print(f"counters (whole process after imports): {counters['compiles']} compiles, {counters['processes']} processes, "
           f"{counters['nvrtc']} NVRTC calls, PTX loads {counters['ptx_loads']} (CUDA_DISABLE_PTX_JIT=1)")
     print("\n| runtime | install ms | preflight ms | preload ms | host RSS added MiB | GPU memory added MiB | loaded |")
+    print("(memory per runtime: its preflight and preload, and DeepGEMM's and CuTeDSL's install; install() as a whole "
+          "is in the row 'all', with the mount of vLLM's files)")
     print("|---|---|---|---|---|---|---|")
     total = [0.0, 0.0, 0.0, 0.0, 0.0]
     for rt in (*RUNTIMES, "all"):
@@ -993,10 +1001,63 @@ def role_deepgemm_jit(args: argparse.Namespace) -> int:
     return 0 if times else 1
 
 
+def role_table(args: argparse.Namespace) -> int:
+    """Time to ready, nojit against the JIT for the same keys: the one process's ledger, the JIT run of the call
+    sites (Triton, empty cache, this machine), DeepGEMM's JIT sample (this machine's nvcc), and the build box's
+    measured compile times for the runtimes whose JIT cannot run here (labelled)."""
+    with open(args.json) as f:
+        one = json.load(f)
+    with open(args.plan) as f:
+        plan = json.load(f)
+    declared: dict[str, int] = {}
+    for r in plan["requests"]:
+        if r["variant"] == "exact":
+            rt = plan["kernels"][r["kernel"]]["runtime"]
+            declared[rt] = declared.get(rt, 0) + 1
+    led = one["ledger"]
+
+    def ready_ms(rt: str) -> float:
+        return sum(led.get(f"{rt}/{st}", {}).get("ms", 0.0) for st in ("install", "preflight", "preload"))
+
+    jit: dict[str, str] = {}
+    if args.jit_json and os.path.exists(args.jit_json):
+        with open(args.jit_json) as f:
+            j = json.load(f)
+        n, sec = len(j["compiles"]), float(j["seconds"])
+        if n:
+            jit["triton"] = (f"{n} keys compiled by Triton's JIT from an empty cache here in {sec:.1f} s (the call-site "
+                             f"steps, launches included): {sec / n:.2f} s/key, x {declared.get('triton', 0)} keys = "
+                             f"{sec / n * declared.get('triton', 0):.0f} s")
+    dg = os.path.join(os.path.dirname(args.json), "deepgemm_jit.json")
+    if os.path.exists(dg):
+        with open(dg) as f:
+            d = json.load(f)
+        jit["deepgemm"] = (f"{d['sample']} entries (seed {d['seed']}) compiled by DeepGEMM's JIT with nvcc here: mean "
+                           f"{d['mean_s']:.1f} s, x {d['entries']} entries = {d['scaled_s']:.0f} s")
+    box = os.path.join(os.path.dirname(args.plan), "box_compile_times.json")
+    if os.path.exists(box):
+        with open(box) as f:
+            for rt, text in json.load(f).items():
+                jit.setdefault(rt, f"build box (no GPU, 2 cores), not this machine: {text}")
+    print("\n| runtime | keys declared | nojit: install + preflight + preload ms (this process) | the JIT for the same keys |")
+    print("|---|---|---|---|")
+    total = 0.0
+    for rt in RUNTIMES:
+        ms = ready_ms(rt)
+        total += ms
+        print(f"| {rt} | {declared.get(rt, 0)} | {ms:.1f} | {jit.get(rt, 'not measured')} |")
+    total += ready_ms("all")
+    print(f"| all (install's shared steps, mount) | - | {ready_ms('all'):.1f} | - |")
+    print(f"| **total** | {sum(declared.values())} | **{total:.0f}** (start to ready {one['ready_ms']:.0f} ms; process "
+          f"age at ready {one['ready_process_age_s']:.2f} s) | |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--role", default="one", choices=("one", "negative", "cutedsl-link", "without", "deepgemm-jit"))
-    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--role", default="one", choices=("one", "negative", "cutedsl-link", "without", "deepgemm-jit",
+                                                             "table"))
+    ap.add_argument("--bundle", default="")
     ap.add_argument("--plan", default=os.path.join(".device", "device.plan.json"))
     ap.add_argument("--vllm-src", default=os.path.join(".device", "vllm_src"))
     ap.add_argument("--deepgemm-dir", default=".device-dg")
@@ -1014,7 +1075,7 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=4)
     args = ap.parse_args()
     return {"one": role_one, "negative": role_negative, "cutedsl-link": role_cutedsl_link, "without": role_without,
-            "deepgemm-jit": role_deepgemm_jit}[args.role](args)
+            "deepgemm-jit": role_deepgemm_jit, "table": role_table}[args.role](args)
 
 
 if __name__ == "__main__":

@@ -253,7 +253,8 @@ PY
         --seed 1 --out $W/jit.json --replay $W/jit_writes.pt 2>&1 | tail -5 || rc=1
       echo "call-site JIT reference run (empty Triton cache): $(( ($(date +%s%N) - T0) / 1000000 )) ms"
       python3 -c "import json; j=json.load(open('$W/jit.json')); print('JIT run:', len(j['compiles']), 'Triton compiles,', round(j['seconds'], 1), 's of steps')" || rc=1
-      python3 tests/gpu/check_one_process.py --role cutedsl-link --bundle $W/one.nojit --cutedsl-work $W/cute 2>&1 | tail -3
+      [ -f .device-cu/manifest.json ] && { PYTHONPATH=$S:$PYTHONPATH python3 tests/gpu/check_one_process.py --role cutedsl-link \
+        --bundle $W/one.nojit --cutedsl-work $W/cute 2>&1 | tail -3 || rc=1; }
       mkdir -p $W/nocc
       for t in sh bash env uname cat ls ldconfig nvidia-smi python3; do p=$(PATH=$PATH:/sbin:/usr/sbin command -v $t) && ln -sf "$p" $W/nocc/$t; done
       CU13=$(python3 -c "import nvidia, os; print(next(d for p in nvidia.__path__
@@ -272,6 +273,8 @@ PY
       [ -d .device-dg/deep_gemm/include/cute ] && { CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} timeout 200 python3 \
         tests/gpu/check_one_process.py --role deepgemm-jit --bundle $W/one.nojit --sample "${DG_JIT_SAMPLE:-4}" --seed 7 \
         --json "$OUT/deepgemm_jit.json" 2>&1 | tail -8 || rc=1; }
+      python3 tests/gpu/check_one_process.py --role table --json "$OUT/check_one.json" --jit-json $W/jit.json \
+        --plan .device-one/preflight.plan.json || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
