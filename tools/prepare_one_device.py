@@ -137,6 +137,7 @@ def main() -> int:
     ap.add_argument("--plan", required=True)
     ap.add_argument("--out", default="/work/main/.device-one")
     ap.add_argument("--jit-headers", action="store_true")
+    ap.add_argument("--box-times", help="JSON runtime -> the build box's measured compile time (text, with its source)")
     ap.add_argument("--skip-deepgemm", action="store_true", help="keep OUT/repo/.device-dg as it is")
     args = ap.parse_args()
     repo = os.path.join(args.out, "repo")
@@ -168,6 +169,8 @@ def main() -> int:
     if os.path.isdir(cu_src):  # one vLLM tree in the process: the CuTeDSL references' files join the call sites'
         shutil.copytree(cu_src, os.path.join(repo, ".device", "vllm_src", "vllm"), dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
+    if args.box_times:
+        shutil.copy(args.box_times, os.path.join(one, "box_compile_times.json"))
     counts = preflight_plan(args.plan, os.path.join(ROOT, ".device", "device.plan.json"),
                             os.path.join(one, "preflight.plan.json"))
     if args.skip_deepgemm and os.path.isdir(keep_dg):

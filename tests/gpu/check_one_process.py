@@ -948,18 +948,13 @@ def role_without(args: argparse.Namespace) -> int:
 
 
 def role_deepgemm_jit(args: argparse.Namespace) -> int:
-    """The JIT side for DeepGEMM: a seeded random sample of the bundle's entries compiled by DeepGEMM's own JIT with
-    this machine's nvcc into an empty cache (first call minus a second, cached call), scaled to the entry count."""
+    """The JIT side for DeepGEMM: fp8_gemm_nt at a seeded random sample of (shape, M) of the deployment (rows.json:
+    the shapes; M in 1..8192) compiled by DeepGEMM's own JIT with this machine's nvcc into an empty cache (first call
+    minus a second, cached call), scaled to the plan's DeepGEMM entry count. Not strict: this is the JIT."""
     import torch
 
     import check_deepgemm as cdg
 
-    from nojit.loader import deepgemm_cache as cache
-    from nojit.loader.bundle_file import Bundle
-
-    b = Bundle.open(args.bundle)
-    records = b.manifest.kernels
-    section = cache.section_of(records, b.entries, [k for k, r in records.items() if r.runtime == "deepgemm"])
     work = tempfile.mkdtemp(prefix="nojit-dg-jit-")
     os.environ["DG_JIT_CACHE_DIR"] = work
     os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
@@ -969,32 +964,35 @@ def role_deepgemm_jit(args: argparse.Namespace) -> int:
         ctypes.CDLL(cudart, mode=ctypes.RTLD_GLOBAL)
     import deep_gemm as dg
 
-    dg.set_pdl(bool(section.get("pdl", True)))
-    dg.set_num_sms(section["sm_count"])
+    dg.set_pdl(True)
+    dg.set_num_sms(torch.cuda.get_device_properties(0).multi_processor_count)
     with open(os.path.join(args.deepgemm_dir, "rows.json")) as f:
-        rows = {r["name"]: r for r in json.load(f) if r["op"] == "fp8_gemm_nt"}
-    keys = sorted({(r[1], r[2], r[3], r[4], r[6]) for r in section["keys"] if r[0] == "fp8_gemm_nt" and r[1] in rows})
-    sample = random.Random(args.seed).sample(keys, min(args.sample, len(keys)))
+        rows = [r for r in json.load(f) if r["op"] == "fp8_gemm_nt"]
+    with open(args.plan) as f:
+        plan = json.load(f)
+    n_entries = sum(r["variant"] == "exact" and plan["kernels"][r["kernel"]]["runtime"] == "deepgemm"
+                    for r in plan["requests"])
+    rng = random.Random(args.seed)
     times = []
-    for name, n, k, m, entry in sample:
-        row = dict(rows[name], ms=[m])
+    for _ in range(args.sample):
+        row, m = rng.choice(rows), rng.randint(1, 8192)
         t0 = time.perf_counter()
         try:
-            cdg._gemm_case(dg, torch, row, m, 0, bool(section.get("use_ue8m0", True)), 1)
+            cdg._gemm_case(dg, torch, dict(row, ms=[m]), m, 0, True, 1)
         except Exception as exc:  # noqa: BLE001
-            print(f"deepgemm-jit {name} M={m}: {type(exc).__name__}: {str(exc)[:300]}")
+            print(f"deepgemm-jit {row['name']} M={m}: {type(exc).__name__}: {str(exc)[:300]}")
             continue
         first = time.perf_counter() - t0
         t1 = time.perf_counter()
-        cdg._gemm_case(dg, torch, row, m, 0, bool(section.get("use_ue8m0", True)), 1)
+        cdg._gemm_case(dg, torch, dict(row, ms=[m]), m, 0, True, 1)
         second = time.perf_counter() - t1
         times.append(first - second)
-        print(f"deepgemm-jit {name} N={n} K={k} M={m} entry {entry[:12]}: compile {first - second:.1f} s")
-    n_entries = len(section["entries"])
+        print(f"deepgemm-jit {row['name']} N={row['n']} K={row['k']} M={m}: compile {first - second:.1f} s")
     mean = sum(times) / len(times) if times else float("nan")
-    out = {"sample": len(times), "entries": n_entries, "mean_s": mean, "scaled_s": mean * n_entries, "seed": args.seed}
-    print(f"DEEPGEMM-JIT: {len(times)} entries compiled by DeepGEMM's JIT (nvcc here), mean {mean:.1f} s; "
-          f"x {n_entries} entries = {mean * n_entries:.0f} s")
+    out = {"sample": len(times), "entries": n_entries, "mean_s": mean, "scaled_s": mean * n_entries, "seed": args.seed,
+           "compiled": len(os.listdir(os.path.join(work, "cache"))) if os.path.isdir(os.path.join(work, "cache")) else None}
+    print(f"DEEPGEMM-JIT: {len(times)} fp8_gemm_nt keys compiled by DeepGEMM's JIT (nvcc here), mean {mean:.1f} s; "
+          f"x {n_entries} entries = {mean * n_entries:.0f} s; cache entries made {out['compiled']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f)

@@ -271,7 +271,7 @@ PY
       "${ONE_ENV[@]}" $PY tests/gpu/check_one_process.py --role negative --bundle $W/minus1.nojit \
         --plan .device-one/preflight.plan.json --cutedsl-work $W/cute --expect "$EXPECT" 2>&1 | tail -12 || rc=1
       [ -d .device-dg/deep_gemm/include/cute ] && { CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} timeout 200 python3 \
-        tests/gpu/check_one_process.py --role deepgemm-jit --bundle $W/one.nojit --sample "${DG_JIT_SAMPLE:-4}" --seed 7 \
+        tests/gpu/check_one_process.py --role deepgemm-jit --plan .device-one/preflight.plan.json --sample "${DG_JIT_SAMPLE:-4}" --seed 7 \
         --json "$OUT/deepgemm_jit.json" 2>&1 | tail -8 || rc=1; }
       python3 tests/gpu/check_one_process.py --role table --json "$OUT/check_one.json" --jit-json $W/jit.json \
         --plan .device-one/preflight.plan.json || rc=1
