@@ -57,12 +57,17 @@ def copy_without_bundles(src: str, dst: str) -> None:
     shutil.copytree(src, dst, ignore=lambda d, names: {n for n in names if n.endswith(".nojit") or n == "__pycache__"})
 
 
-def preflight_plan(plan_path: str, device_plan_path: str, out: str) -> dict[str, int]:
+def preflight_plan(plan_path: str, device_plan_path: str, out: str, subset: dict[str, set[str]] | None = None
+                   ) -> dict[str, int]:
+    """The plan the device's preflight checks: Triton restricted to the kernels extracted for the device; a runtime
+    in `subset` (runtime -> kernel ids of a bundle built with --kernels) restricted to those kernels."""
     with open(plan_path) as f:
         plan = json.load(f)
     with open(device_plan_path) as f:
         extracted = set(json.load(f)["kernels"])
-    keep = {k for k, v in plan["kernels"].items() if v["runtime"] != "triton" or k in extracted}
+    subset = subset or {}
+    keep = {k for k, v in plan["kernels"].items() if (v["runtime"] != "triton" or k in extracted)
+            and (v["runtime"] not in subset or k in subset[v["runtime"]])}
     plan["kernels"] = {k: v for k, v in plan["kernels"].items() if k in keep}
     plan["requests"] = [r for r in plan["requests"] if r["kernel"] in keep]
     with open(out, "w") as f:
@@ -139,6 +144,8 @@ def main() -> int:
     ap.add_argument("--jit-headers", action="store_true")
     ap.add_argument("--box-times", help="JSON runtime -> the build box's measured compile time (text, with its source)")
     ap.add_argument("--skip-deepgemm", action="store_true", help="keep OUT/repo/.device-dg as it is")
+    ap.add_argument("--subset", default="", help="runtimes the bundle holds only some kernels of (built with "
+                    "--kernels): the preflight plan keeps only those kernels of them")
     args = ap.parse_args()
     repo = os.path.join(args.out, "repo")
     keep_dg = os.path.join(args.out, "dg-kept")
@@ -171,8 +178,12 @@ def main() -> int:
                         ignore=shutil.ignore_patterns("__pycache__"))
     if args.box_times:
         shutil.copy(args.box_times, os.path.join(one, "box_compile_times.json"))
+    from nojit.loader.bundle_file import Bundle
+
+    kernels = Bundle.open(args.bundle).manifest.kernels
+    subset = {rt: {k for k, r in kernels.items() if r.runtime == rt} for rt in filter(None, args.subset.split(","))}
     counts = preflight_plan(args.plan, os.path.join(ROOT, ".device", "device.plan.json"),
-                            os.path.join(one, "preflight.plan.json"))
+                            os.path.join(one, "preflight.plan.json"), subset)
     if args.skip_deepgemm and os.path.isdir(keep_dg):
         shutil.move(keep_dg, os.path.join(repo, ".device-dg"))
     else:

@@ -28,8 +28,9 @@ One process (role `one`), in this order, each stage timed (wall ms, host RSS and
     against their independent references: vLLM's Triton call sites (prefill, decode, mixed, MTP, sampling) against
     Triton's JIT run in another process on the same seeded inputs (check_call_sites.py), the mHC kernels against
     float64 (check_tilelang.py), DeepGEMM's ops against float32 (check_deepgemm.py), FlashInfer's sampling and
-    block-FP8 GEMM against torch (check_flashinfer_launch.py), CuTeDSL's objects against vLLM's Triton paths and
-    float64 (check_cutedsl_launch.py), Humming's MoE GEMM against float64 (check_humming_gemm.py). install() is called
+    block-FP8 GEMM against torch (check_flashinfer_launch.py), CuTeDSL's objects against that check's torch/float64
+    references (vLLM's Triton paths of those ops are not bundled: vLLM takes CuTeDSL on sm_90, and strict mode
+    compiles nothing), Humming's MoE GEMM against float64 (check_humming_gemm.py). install() is called
     once: each check's own install() returns that installation here;
   * one CUDA graph: a decode-sized call of each library captured together, replayed from poisoned outputs, compared
     byte for byte with the eager call (CuTeDSL: its output spoiled, replay must pass the reference check again);
@@ -601,7 +602,8 @@ def part_cutedsl(s: Start) -> Part:
 
     import check_cutedsl_launch as cu
 
-    p = Part("cutedsl", "router GEMM, dequant-gather-K, indexer-q, compressors vs vLLM's Triton paths + float64")
+    p = Part("cutedsl", "router GEMM, dequant-gather-K, indexer-q, compressors (objects through CuTeDSL's C runtime) "
+             "vs torch/float64")
     # vLLM's Triton paths of these ops are not in the bundle (on sm_90 vLLM takes the CuTeDSL ones, so the plan has
     # none of their keys) and strict mode compiles nothing: each case takes the check's torch / float64 reference,
     # its rule where Triton cannot run (check_cutedsl_launch.py), without a refused compile attempt.
@@ -851,7 +853,8 @@ def print_tables(parts: list[Part], graph: dict, counters: dict, ledger: Ledger,
     for p in parts:
         g = [x for x in graph.get("steps", []) if x["runtime"] == p.runtime]
         gs = f"{sum(x['equal'] for x in g)}/{len(g)}" if g else "-"
-        print(f"| {p.runtime} | {p.what}; {p.detail} | {p.passed}/{p.cases} | {gs} | {'PASS' if p.ok else 'FAIL'} |")
+        verdict = "PASS" if p.ok else ("not run" if not p.ran and not p.failures else "FAIL")
+        print(f"| {p.runtime} | {p.what}{'; ' + p.detail if p.detail else ''} | {p.passed}/{p.cases} | {gs} | {verdict} |")
     print(f"\none CUDA graph: {len(graph.get('steps', []))} steps of {graph.get('runtimes')}: "
           f"{'replay == eager' if graph.get('ok') else 'FAIL ' + str(graph.get('error', ''))}")
     for x in graph.get("steps", []):
