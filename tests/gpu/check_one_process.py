@@ -863,9 +863,9 @@ def print_tables(parts: list[Part], graph: dict, counters: dict, ledger: Ledger,
             print(f"  differs: {x['step']}")
     print(f"counters (whole process after imports): {counters['compiles']} compiles, {counters['processes']} processes, "
           f"{counters['nvrtc']} NVRTC calls, PTX loads {counters['ptx_loads']} (CUDA_DISABLE_PTX_JIT=1)")
-    print("\n| runtime | install ms | preflight ms | preload ms | host RSS added MiB | GPU memory added MiB | loaded |")
-    print("(memory per runtime: its preflight and preload, and DeepGEMM's and CuTeDSL's install; install() as a whole "
+    print("\n(memory per runtime: its preflight and preload, and DeepGEMM's and CuTeDSL's install; install() as a whole "
           "is in the row 'all', with the mount of vLLM's files)")
+    print("| runtime | install ms | preflight ms | preload ms | host RSS added MiB | GPU memory added MiB | loaded |")
     print("|---|---|---|---|---|---|---|")
     total = [0.0, 0.0, 0.0, 0.0, 0.0]
     for rt in (*RUNTIMES, "all"):
