@@ -169,8 +169,11 @@ def main() -> int:
         shutil.copytree(os.path.join(ROOT, name), os.path.join(repo, name),
                         ignore=lambda d, names: {x for x in names if x.endswith(".nojit")
                                                  or x in ("__pycache__", "vllm_mhc", "deepgemm")})
-    for name in (".device-fi", ".device-cu", ".device-hg"):
-        if os.path.isdir(os.path.join(ROOT, name)):
+    from nojit.loader.bundle_file import Bundle
+
+    runtimes = {r.runtime for r in Bundle.open(args.bundle).manifest.kernels.values()}
+    for name, rt in ((".device-fi", "flashinfer"), (".device-cu", "cutedsl"), (".device-hg", "humming")):
+        if rt in runtimes and os.path.isdir(os.path.join(ROOT, name)):  # only what the bundle's runtimes need
             copy_without_bundles(os.path.join(ROOT, name), os.path.join(repo, name))
     cu_src = os.path.join(ROOT, ".device-cu", "vllm_src", "vllm")
     if os.path.isdir(cu_src):  # one vLLM tree in the process: the CuTeDSL references' files join the call sites'
