@@ -136,6 +136,44 @@ def merge_bundles(paths: list[str], out: str) -> None:
     write_bundle(out, producer, target, deployment, kernels.values(), entries, cubins)
 
 
+def deepgemm_sources(work: str, out: str) -> int:
+    """DeepGEMM's generated kernels of an enumeration (prepare_deepgemm_device.py's work folder: DeepGEMM's own
+    kernel.cu and nvcc command per entry, the keys it chose) for the device to compile with nojit's compile code and
+    its nvcc (same release as here, 13.0.88): the build step nojit runs on the box, run there instead because the box
+    was too loaded to finish it. Returns the entry count."""
+    import vllm.envs as envs
+    import vllm.third_party.deep_gemm as dg
+
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.runtimes.deepgemm.compile import deep_gemm_dir, portable_flags
+    from nojit.aot.runtimes.deepgemm.enumerate import find_nvcc, recorded_flags
+    from nojit.loader.deepgemm_cache import compress_keys
+
+    build = os.path.join(work, "build")
+    with open(os.path.join(build, "keys.jsonl")) as f:
+        keys = [json.loads(line) for line in f]
+    with open(os.path.join(build, "spec.json")) as f:
+        spec = json.load(f)
+    package = deep_gemm_dir()
+    entries = {}
+    for name in sorted({k["entry"] for k in keys if k.get("entry")}):
+        d = os.path.join(build, "dg_cache", "cache", name)
+        with open(os.path.join(d, "kernel.cu")) as f:
+            entries[name] = {"source": f.read(), "flags": portable_flags(recorded_flags(d), package)}
+    dep = load_deployment()
+    nvcc = find_nvcc()
+    facts = {"deep_gemm_version": dg.__version__, "nvcc_version": subprocess.run(
+                 [nvcc, "--version"], capture_output=True, text=True, check=True).stdout,
+             "sm_count": dep.platform.sm_count, "pdl": dep.platform.pdl, "use_ue8m0": bool(envs.VLLM_USE_DEEP_GEMM_E8M0),
+             "keys": compress_keys([{k: v for k, v in key.items() if k in ("op", "name", "n", "k", "m", "entry")}
+                                    for key in keys if key.get("entry")]),
+             "check_rows": spec["ops"], "sources": entries}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "sources.json"), "w") as f:
+        json.dump(facts, f)
+    return len(entries)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", required=True, action="append", help="the bundle (repeat: parts merged into one)")
@@ -144,6 +182,7 @@ def main() -> int:
     ap.add_argument("--jit-headers", action="store_true")
     ap.add_argument("--box-times", help="JSON runtime -> the build box's measured compile time (text, with its source)")
     ap.add_argument("--skip-deepgemm", action="store_true", help="keep OUT/repo/.device-dg as it is")
+    ap.add_argument("--deepgemm-work", help="prepare_deepgemm_device.py's work folder: its entries compiled there")
     ap.add_argument("--subset", default="", help="runtimes the bundle holds only some kernels of (built with "
                     "--kernels): the preflight plan keeps only those kernels of them")
     args = ap.parse_args()
@@ -202,6 +241,8 @@ def main() -> int:
         os.makedirs(target)
         shutil.copy(os.path.join(section, "section.json"), target)
         shutil.copytree(os.path.join(section, "cubins"), os.path.join(target, "cubins"))
+    if args.deepgemm_work:
+        print(f"DeepGEMM sources: {deepgemm_sources(args.deepgemm_work, os.path.join(repo, '.device-dg', 'src'))} entries")
     sizes = {name: tree_size(os.path.join(repo, name)) for name in sorted(os.listdir(repo))}
     total = tree_size(repo)
     for name, size in sorted(sizes.items(), key=lambda x: -x[1])[:12]:

@@ -1003,6 +1003,58 @@ def role_deepgemm_jit(args: argparse.Namespace) -> int:
     return 0 if times else 1
 
 
+def role_deepgemm_build(args: argparse.Namespace) -> int:
+    """The harness's build step before the serving process: DeepGEMM's generated kernels (tools/prepare_one_device.py
+    --deepgemm-work: DeepGEMM's own kernel.cu and nvcc flags per entry, as nojit's DeepGEMM build records them)
+    compiled with this machine's nvcc, written as the section loader/deepgemm_cache.py seeds (section.json, cubins/).
+    The same command line as aot/runtimes/deepgemm/compile.py, with the carried package's include folder."""
+    import hashlib
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nojit.aot.runtimes.deepgemm.compile import local_flags
+
+    with open(os.path.join(args.deepgemm_dir, "src", "sources.json")) as f:
+        src = json.load(f)
+    nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    package = os.path.abspath(os.path.join(args.deepgemm_dir, "deep_gemm"))
+    out = os.path.join(args.deepgemm_dir, "section")
+    os.makedirs(os.path.join(out, "cubins"), exist_ok=True)
+    work = tempfile.mkdtemp(prefix="nojit-dg-build-")
+
+    def one(item: tuple[str, dict]) -> tuple[str, bytes, float]:
+        name, e = item
+        d = os.path.join(work, name)
+        os.makedirs(d)
+        with open(os.path.join(d, "kernel.cu"), "w") as f:
+            f.write(e["source"])
+        t0 = time.perf_counter()
+        p = subprocess.run([nvcc, "kernel.cu", "--cubin", "--output-file", "kernel.cubin",
+                            *local_flags(e["flags"], package)], capture_output=True, text=True, cwd=d)
+        if p.returncode != 0:
+            raise RuntimeError(f"nvcc failed for {name}: {p.stderr[-1500:]}")
+        with open(os.path.join(d, "kernel.cubin"), "rb") as f:
+            return name, f.read(), time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 8) as pool:
+        done = list(pool.map(one, sorted(src["sources"].items())))
+    entries = {}
+    for name, cubin, _s in done:
+        sha = hashlib.sha256(cubin).hexdigest()
+        with open(os.path.join(out, "cubins", sha + ".cubin"), "wb") as f:
+            f.write(cubin)
+        entries[name] = {"cubin": sha, "source": src["sources"][name]["source"]}
+    section = {k: v for k, v in src.items() if k != "sources"}
+    section.update(nvcc=nvcc, entries=entries, not_compiled=[])
+    with open(os.path.join(out, "section.json"), "w") as f:
+        json.dump(section, f)
+    print(f"deepgemm-build: {len(entries)} entries compiled with {nvcc} in {time.perf_counter() - t0:.1f} s "
+          f"({os.cpu_count()} jobs; nvcc {sum(x[2] for x in done) / max(1, len(done)):.1f} s per entry)")
+    return 0
+
+
 def role_table(args: argparse.Namespace) -> int:
     """Time to ready, nojit against the JIT for the same keys: the one process's ledger, the JIT run of the call
     sites (Triton, empty cache, this machine), DeepGEMM's JIT sample (this machine's nvcc), and the build box's
@@ -1067,7 +1119,7 @@ def role_table(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--role", default="one", choices=("one", "negative", "cutedsl-link", "without", "deepgemm-jit",
-                                                             "table"))
+                                                             "table", "deepgemm-build"))
     ap.add_argument("--bundle", default="")
     ap.add_argument("--plan", default=os.path.join(".device", "device.plan.json"))
     ap.add_argument("--vllm-src", default=os.path.join(".device", "vllm_src"))
@@ -1086,7 +1138,8 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=4)
     args = ap.parse_args()
     return {"one": role_one, "negative": role_negative, "cutedsl-link": role_cutedsl_link, "without": role_without,
-            "deepgemm-jit": role_deepgemm_jit, "table": role_table}[args.role](args)
+            "deepgemm-jit": role_deepgemm_jit, "table": role_table,
+            "deepgemm-build": role_deepgemm_build}[args.role](args)
 
 
 if __name__ == "__main__":
