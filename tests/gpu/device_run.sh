@@ -147,9 +147,7 @@ PY
       rm -rf /tmp/hg-site
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/hg-site \
         .device-hg/wheels/*.whl || rc=1
-      chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null
-      # DeepGEMM's generated kernels compiled here with nojit's command line (a build step, before the process)
-      [ -f .device-dg/src/sources.json ] && { python3 tests/gpu/check_one_process.py --role deepgemm-build 2>&1 | tail -3 || rc=1; }  # Humming's NVRTC child (modes may not carry)
+      chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null  # Humming's NVRTC child (modes may not carry)
       NOJIT_ALLOW_MISMATCH=vllm PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming_jit.py \
         --dir .device-hg --work $W/hg-jit --out "$OUT" --json "$OUT/check_humming_jit.json" 2>&1 || rc=1
       ;;
@@ -245,6 +243,8 @@ PY
       [ -f .device-dg/deep_gemm.tar.xz ] && { tar -xJf .device-dg/deep_gemm.tar.xz -C .device-dg || rc=1; }
       ${CC:-cc} -shared -fPIC -O2 -o $S/libnojit_exec_guard.so tests/gpu/exec_guard.c -ldl || rc=1
       chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null
+      # DeepGEMM's generated kernels compiled here with nojit's command line (a build step, before the process)
+      [ -f .device-dg/src/sources.json ] && { python3 tests/gpu/check_one_process.py --role deepgemm-build 2>&1 | tail -3 || rc=1; }
       T0=$(date +%s%N)
       build_triton $W/one.nojit --merge .device-one/rest.nojit 2>&1 | tail -4 || rc=1
       echo "triton entries built here from the plan and merged with .device-one/rest.nojit in $(( ($(date +%s%N) - T0) / 1000000 )) ms"
