@@ -8,7 +8,9 @@ JIT reference run of vLLM's call sites, CuTeDSL's link step, the process guard p
     python3 tests/gpu/check_one_process.py --role negative --bundle B-minus-one.nojit --plan P.json
     python3 tests/gpu/check_one_process.py --role without --bundle B.nojit --out B2.nojit --drop-runtime triton
     python3 tests/gpu/check_one_process.py --role cutedsl-link --bundle B.nojit --work DIR   (harness, before)
-    python3 tests/gpu/check_one_process.py --role deepgemm-jit --sample 4 --seed S --json OUT (JIT side, not strict)
+    python3 tests/gpu/check_one_process.py --role deepgemm-jit --plan P --sample 4 --seed S --json OUT (JIT side)
+    python3 tests/gpu/check_one_process.py --role deepgemm-build     (harness: DeepGEMM's carried sources, nvcc here)
+    python3 tests/gpu/check_one_process.py --role table --json OUT --jit-json J.json --plan P  (time to ready)
 
 One process (role `one`), in this order, each stage timed (wall ms, host RSS and GPU memory added):
   * start: the C guard (tests/gpu/exec_guard.c) counts every fork/exec/spawn/popen/system and nvrtcCompileProgram, an
@@ -17,7 +19,8 @@ One process (role `one`), in this order, each stage timed (wall ms, host RSS and
   * install: `nojit.loader.install.install()` once, strict, the one bundle: Triton, TileLang, FlashInfer, Humming
     through install() itself; DeepGEMM from the same bundle's section through DeepGEMM's own cache lookup
     (loader/deepgemm_cache.py seed + the popen firewall, as check_deepgemm.py: vLLM's `vllm.utils.deep_gemm` wrapper is
-    not on the device); CuTeDSL's objects of the same bundle through CuTeDSL's C runtime (its MLIR library, which
+    not on the device; for a bundle without DeepGEMM, the section in .device-dg/section, said in the output);
+    CuTeDSL's objects of the same bundle through CuTeDSL's C runtime (its MLIR library, which
     `cute.runtime.load_module` needs, is not carried: the objects were linked by the harness before this process);
   * preflight: every exact key of the plan (what vLLM's registry and nojit's derived call sites declare for the
     deployment) must be an entry of the bundle, then every kernel is prepared (source, section, tables); a key the
