@@ -340,11 +340,11 @@ def check_landlock() -> list[Finding]:
 
 
 def check_jits(index: Any) -> list[Finding]:
-    from nojit.loader.unserved import JITS, _reachable, _switched_off
+    from nojit.loader.unserved import _reachable, _switched_off, jits
 
     served = {k.runtime for k in index.kernels.values()}
     out = []
-    for jit in JITS:
+    for jit in jits():
         if jit.runtime in served:
             out.append(Finding("JIT", OK, f"{jit.name}: served from the bundle"))
         elif not _reachable(jit):
