@@ -171,7 +171,7 @@ def test_no_import_inside_functions_names_aot_above_itself():
 # Layers of loader/, lowest first, as for aot/. runtimes/<r>/ are rooms: one never imports another. The
 # bundle-format room sits right above errors and settings, so it imports no serving module.
 LOADER_LAYERS = (
-    ("errors and settings", ("", "errors", "settings")),
+    ("errors and settings", ("", "errors", "settings", "packages")),
     ("bundle-format room", ("bundle", "bundle.*")),
     ("policy", ("policy",)),
     ("strict-mode room", ("strict", "strict.*")),
@@ -195,9 +195,12 @@ def layer_of(layers: tuple, side: str, mod: str) -> int:
                          f"{side.upper()}_LAYERS")
 
 
-def room_of(side: str, mod: str) -> str | None:
+def room_of(side: str, mod: str, layers: tuple) -> str | None:
+    """The room a module is in (None: not in a layer of rooms, e.g. rows every room shares, a layer below)."""
     parts = mod.split(".")
-    return ".".join(parts[:2]) if parts[0] in ROOM_FOLDERS[side] and len(parts) > 1 else None
+    if parts[0] not in ROOM_FOLDERS[side] or len(parts) < 2 or not layers[layer_of(layers, side, mod)][0].endswith("rooms"):
+        return None
+    return ".".join(parts[:2])
 
 
 def arrows_against_layers(side: str, layers: tuple, graph: dict[str, set[str]]) -> list[str]:
@@ -208,7 +211,7 @@ def arrows_against_layers(side: str, layers: tuple, graph: dict[str, set[str]]) 
             up, down = layer_of(layers, side, t), layer_of(layers, side, mod)
             if up > down:
                 bad.append(f"{mod} -> {t} (up: {layers[up][0]} above {layers[down][0]})")
-            elif (room_of(side, t) and room_of(side, mod) and room_of(side, t) != room_of(side, mod)
+            elif (room_of(side, t, layers) and room_of(side, mod, layers) and room_of(side, t, layers) != room_of(side, mod, layers)
                   and t.split(".")[0] == mod.split(".")[0]):  # a runtime room may use a model room's kind below it
                 bad.append(f"{mod} -> {t} (one room imports another)")
     return bad
