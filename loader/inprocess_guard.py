@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import re
 import struct
 import sys
@@ -165,6 +166,10 @@ def rescan() -> InprocessReport | None:
         report = _state["report"]
         if not _state["active"] or report is None:
             return None
+        if platform.machine() not in ("x86_64", "AMD64"):  # the patch is x86-64 code
+            if not report.skipped:
+                report.skipped.append(f"{platform.machine()}: entries not patched (x86-64 only); Python wrappers only")
+            return report
         native = _native()
         if native.adds() == _state["adds"]:
             return report
