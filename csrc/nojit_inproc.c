@@ -56,7 +56,7 @@ static void refuse(const char *symbol, const char *what) {
 
 /* nvrtcResult NVRTC_ERROR_COMPILATION (nvrtc.h); nvJitLinkResult values from nvJitLink.h. */
 enum { NVRTC_ERROR_COMPILATION = 6, NVJITLINK_ERROR_INVALID_INPUT = 3, NVJITLINK_ERROR_PTX_COMPILE = 4,
-       NVVM_ERROR_COMPILATION = 9 /* nvvm.h */ };
+       NVVM_ERROR_COMPILATION = 9 /* nvvm.h */, CUDA_ERROR_JIT_COMPILATION_DISABLED = 223 /* cuda.h */ };
 
 static int stub_nvrtcCompileProgram(void *prog, int n, const char *const *options) {
   refuse("nvrtcCompileProgram", "NVRTC (nvrtcCompileProgram) was about to compile CUDA C++ in this process");
@@ -83,6 +83,19 @@ static int stub_nvvmCompileProgram(void *prog, int n, const char **options) {
   return NVVM_ERROR_COMPILATION;
 }
 
+/* The driver's linker JIT-compiles PTX and links: nothing in the serving process links with the driver
+ * (bundled cubins are loaded whole), so every input is refused, not only PTX. */
+static int stub_cuLinkAddData(void *state, int type, void *data, size_t size, const char *name, unsigned n,
+                              void *options, void **values) {
+  refuse("cuLinkAddData", "the CUDA driver's linker (cuLinkAddData) was about to compile or link in this process");
+  return CUDA_ERROR_JIT_COMPILATION_DISABLED;
+}
+
+static int stub_cuLinkAddFile(void *state, int type, const char *path, unsigned n, void *options, void **values) {
+  refuse("cuLinkAddFile", "the CUDA driver's linker (cuLinkAddFile) was about to compile or link in this process");
+  return CUDA_ERROR_JIT_COMPILATION_DISABLED;
+}
+
 static const struct {
   const char *name;
   void *address;
@@ -92,6 +105,8 @@ static const struct {
     {"nvJitLinkAddFile", (void *)stub_nvJitLinkAddFile},
     {"nvJitLinkComplete", (void *)stub_nvJitLinkComplete},
     {"nvvmCompileProgram", (void *)stub_nvvmCompileProgram},
+    {"cuLinkAddData", (void *)stub_cuLinkAddData},
+    {"cuLinkAddFile", (void *)stub_cuLinkAddFile},
 };
 
 static int write_code(unsigned char *at, const unsigned char *code, size_t len) {

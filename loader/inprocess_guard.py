@@ -57,7 +57,9 @@ _LIBRARIES: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
     (re.compile(r"libnvJitLink\.so(\.[0-9]+)*$"),
      re.compile(r"(?:__)?(nvJitLinkAddData|nvJitLinkAddFile|nvJitLinkComplete)(?:_[0-9]+_[0-9]+)?$")),
     (re.compile(r"libnvvm\.so(\.[0-9]+)*$"), re.compile(r"(nvvmCompileProgram)$")),
+    (re.compile(r"libcuda\.so(\.[0-9]+)*$"), re.compile(r"(cuLinkAddData|cuLinkAddFile)(?:_v2)?$")),
 )
+_ELF, _FATBIN = b"\x7fELF", b"\x50\xed\x55\xba"  # a cubin; a fatbin (its SASS loads, its PTX only if the JIT is on)
 # importable in-process compilers this guard cannot patch: reported, not refused
 IN_PROCESS_COMPILERS = ("numba", "llvmlite", "cupy", "pycuda", "warp", "jax", "taichi")
 _FIX = firewall.FIX
@@ -93,8 +95,8 @@ def _native() -> Any:
     return _inproc
 
 
-def _exported_functions(path: str) -> list[tuple[str, int]]:
-    """(name, st_value) of the defined functions in an x86-64 ELF's dynamic symbol table (no dlopen, no mmap)."""
+def _exported_functions(path: str) -> list[tuple[str, int, int]]:
+    """(name, st_value, st_size) of the defined functions in an x86-64 ELF's dynamic symbol table (no dlopen, no mmap)."""
     with open(path, "rb") as f:
         head = f.read(64)
         if head[:4] != b"\x7fELF" or head[4] != 2 or struct.unpack_from("<H", head, 18)[0] != 62:
@@ -104,7 +106,7 @@ def _exported_functions(path: str) -> list[tuple[str, int]]:
         f.seek(shoff)
         table = f.read(shentsize * shnum)
         sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
-        found: list[tuple[str, int]] = []
+        found: list[tuple[str, int, int]] = []
         for sh in sections:
             if sh[1] != 11:  # SHT_DYNSYM
                 continue
@@ -114,11 +116,11 @@ def _exported_functions(path: str) -> list[tuple[str, int]]:
             f.seek(strtab[4])
             names = f.read(strtab[5])
             for off in range(0, len(syms) - 23, 24):
-                st_name, st_info, _, st_shndx, st_value, _ = struct.unpack_from("<IBBHQQ", syms, off)
+                st_name, st_info, _, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", syms, off)
                 if st_shndx == 0 or st_info & 0xF != 2 or not st_value:  # defined STT_FUNC only
                     continue
                 end = names.index(b"\0", st_name)
-                found.append((names[st_name:end].decode(errors="replace"), st_value))
+                found.append((names[st_name:end].decode(errors="replace"), st_value, st_size))
         return found
 
 
@@ -144,12 +146,15 @@ def _patch_library(path: str, bias: int, symbol_pattern: re.Pattern[str], report
     except (OSError, ValueError, struct.error) as exc:
         report.skipped.append(f"{path}: symbol table unreadable ({exc})")
         return
-    for name, value in functions:
+    for name, value, size in functions:
         m = symbol_pattern.fullmatch(name)
         if m is None:
             continue
         address = _body(bias + value)
         if address in _patches:
+            continue
+        if address == bias + value and 0 < size < native.PATCH_LEN:  # the jump would overwrite the next function
+            report.skipped.append(f"{path}:{name}: not patched ({size} bytes, neither a jump nor {native.PATCH_LEN} long)")
             continue
         try:
             original = native.patch(address, m.group(1))
@@ -239,7 +244,36 @@ _WRAPPERS: dict[str, dict[str, str]] = {
         "complete": "nvJitLink (cuda.bindings.nvjitlink.complete) was about to compile or link",
     },
     "cuda.bindings.nvvm": {"compile_program": "NVVM (cuda.bindings.nvvm.compile_program) was about to compile"},
+    "cuda.bindings.driver": {
+        "cuLinkAddData": "the CUDA driver's linker (cuda.bindings.driver.cuLinkAddData) was about to compile or link",
+        "cuLinkAddFile": "the CUDA driver's linker (cuda.bindings.driver.cuLinkAddFile) was about to compile or link",
+    },
 }
+# cuda.bindings.driver entries that load an image: refused when the image is PTX text (neither cubin nor fatbin)
+_IMAGE_LOADERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuLibraryLoadData")
+
+
+def _image_head(image: Any) -> bytes | None:
+    """The first 4 bytes of an image passed to a driver load (bytes, a buffer, or an address), None if unknown."""
+    if isinstance(image, str):
+        return image.encode()[:4]
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image[:4])
+    if isinstance(image, int) and image:
+        import ctypes
+
+        return ctypes.string_at(image, 4)
+    return None
+
+
+def _refusing_ptx(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def load(image: Any, *args: Any, **kwargs: Any) -> Any:
+        head = _image_head(image)
+        if head is not None and head[:4] not in (_ELF, _FATBIN):
+            raise _forbid(f"the CUDA driver (cuda.bindings.driver.{name}) was about to JIT-compile PTX")
+        return original(image, *args, **kwargs)
+
+    return load
 
 
 def _guard_wrappers() -> None:
@@ -254,6 +288,10 @@ def _guard_wrappers() -> None:
                 if hasattr(module, name):
                     _restore.append((module, name, getattr(module, name)))
                     setattr(module, name, _refusing(what))
+            for name in _IMAGE_LOADERS if module_name == "cuda.bindings.driver" else ():
+                if hasattr(module, name):
+                    _restore.append((module, name, getattr(module, name)))
+                    setattr(module, name, _refusing_ptx(name, getattr(module, name)))
             try:
                 module._nojit_guarded = True
                 _restore.append((module, "_nojit_guarded", False))
@@ -288,6 +326,9 @@ def _hook_loaders() -> None:
 
     _restore.append((loader, "create_module", create))
     loader.create_module = create_then_rescan  # type: ignore[method-assign]
+    torch_cuda = sys.modules.get("torch.cuda")
+    if torch_cuda is not None and hasattr(torch_cuda, "_lazy_call"):  # libcuda arrives with torch's CUDA init (C)
+        torch_cuda._lazy_call(rescan)
     finder = RunAfterImport(lambda name: name in _WRAPPERS and _state["active"], _guard_wrappers)
     sys.meta_path.insert(0, finder)
     _state["finder"] = finder

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -81,3 +82,106 @@ def test_importable_compilers_reported_never_imported(tmp_path):
     assert not marker.exists()  # found with find_spec, never imported
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e for e in events if e["event"] == "inprocess_compiler_importable" and "cupy" in e["modules"]]
+
+
+_STAND_IN_DRIVER = r"""
+/* A stand-in for libcuda.so.1's linker entries: links nothing, answers CUDA_SUCCESS, counts calls. */
+#include <stddef.h>
+static volatile int calls;
+int cuLinkAddData_v2(void *s, int type, void *data, size_t size, const char *name, unsigned n, void *o, void **v) {
+  calls += 1 + (int)size + (name != 0);
+  return calls > 0 ? 0 : 1;
+}
+int cuLinkAddFile_v2(void *s, int type, const char *path, unsigned n, void *o, void **v) {
+  calls += 1 + (path != 0);
+  return calls > 0 ? 0 : 1;
+}
+"""
+
+_DRIVER_CALL = """
+import ctypes, json, sys
+from nojit.loader import guards, inprocess_guard
+if sys.argv[1] == "strict":
+    guards.install_strict_guards()
+lib = ctypes.CDLL(sys.argv[2])  # loaded after strict mode went up: patched on arrival
+ptx = b".version 8.0\\n.target sm_90\\n.address_size 64\\n"
+rc_data = lib.cuLinkAddData_v2(None, 1, ptx, len(ptx), b"k.ptx", 0, None, None)  # CU_JIT_INPUT_PTX
+rc_file = lib.cuLinkAddFile_v2(None, 1, b"k.ptx", 0, None, None)
+print(json.dumps({"rc_data": rc_data, "rc_file": rc_file, "refusals": inprocess_guard.refusals()}))
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stand-in driver")
+def test_driver_linker_refused_through_a_stand_in_libcuda(tmp_path):
+    """The patch on libcuda's linker entries, shown on a stand-in libcuda.so.1 built here (this box has no
+    driver; tests/gpu/test_inprocess_gpu.py does it with the real one): with strict mode off the stand-in
+    answers CUDA_SUCCESS, under strict mode both entries answer CUDA_ERROR_JIT_COMPILATION_DISABLED and log."""
+    src = tmp_path / "driver.c"
+    src.write_text(_STAND_IN_DRIVER)
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", "-Wl,-soname,libcuda.so.1", "-o", str(lib), str(src)], check=True)
+    out = {}
+    for mode in ("off", "strict"):
+        log = tmp_path / f"{mode}.jsonl"
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(log)}
+        proc = subprocess.run([sys.executable, "-c", _DRIVER_CALL, mode, str(lib)], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        out[mode]["events"] = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    assert out["off"]["rc_data"] == 0 and out["off"]["rc_file"] == 0 and out["off"]["refusals"] == 0  # control
+    assert out["strict"]["rc_data"] == 223 and out["strict"]["rc_file"] == 223 and out["strict"]["refusals"] == 2
+    symbols = [e.get("symbol") for e in out["strict"]["events"] if e["event"] == "compile_forbidden"]
+    assert symbols == ["cuLinkAddData", "cuLinkAddFile"], out["strict"]["events"]
+
+
+_BINDINGS_DRIVER_LOAD = """
+import json, sys
+from cuda.bindings import driver
+from nojit.loader import guards
+from nojit.loader.errors import CompileForbiddenError
+if sys.argv[1] == "strict":
+    guards.install_strict_guards()
+out = {}
+for name, image in (("ptx", b".version 8.0\\n.target sm_90\\n.address_size 64\\n\\0"), ("cubin", b"\\x7fELF" + bytes(60))):
+    try:
+        out[name] = "driver answered " + str(driver.cuModuleLoadData(image)[0])
+    except CompileForbiddenError as exc:
+        out[name] = "forbidden: " + exc.message
+    except Exception as exc:  # no driver on this box: cuda.bindings cannot find libcuda
+        out[name] = "driver answered " + type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+def test_bindings_driver_refuses_ptx_images_and_passes_cubins(tmp_path):
+    """cuda.bindings.driver.cuModuleLoadData with PTX text raises CompileForbiddenError in strict mode before the
+    driver is reached; a cubin goes on to the driver. Control: with strict mode off the PTX reaches the driver too
+    (on this GPU-less box the driver answers an error; tests/gpu/test_inprocess_gpu.py loads it for real)."""
+    out = {}
+    for mode in ("off", "strict"):
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl")}
+        proc = subprocess.run([sys.executable, "-c", _BINDINGS_DRIVER_LOAD, mode], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["off"]["ptx"].startswith("driver answered") and out["off"]["cubin"].startswith("driver answered")
+    assert out["strict"]["ptx"].startswith("forbidden: strict mode: the CUDA driver"), out
+    assert out["strict"]["cubin"].startswith("driver answered"), out
+    events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert [e for e in events if e["event"] == "compile_forbidden" and "cuModuleLoadData" in e["what"]]
+
+
+def test_cuda_initialized_before_strict_mode_is_said(tmp_path):
+    """When CUDA was initialized before strict mode went up (torch says so), the report says the driver's PTX JIT
+    stays on in this process, and an event line says it too."""
+    log = tmp_path / "events.jsonl"
+    code = ("import sys, types; m = types.ModuleType('torch.cuda'); m.is_initialized = lambda: True; "
+            "sys.modules['torch.cuda'] = m\n"
+            "from nojit.loader import guards, inprocess_guard; guards.install_strict_guards(); "
+            "print(inprocess_guard.report().ptx_jit)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NOJIT_EVENT_LOG": str(log)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "driver PTX JIT on in this process" in proc.stdout
+    assert [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "ptx_jit_not_disabled"]
