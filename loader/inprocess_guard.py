@@ -63,6 +63,8 @@ _ELF, _FATBIN = b"\x7fELF", b"\x50\xed\x55\xba"  # a cubin; a fatbin (its SASS l
 # importable in-process compilers this guard cannot patch: reported, not refused
 IN_PROCESS_COMPILERS = ("numba", "llvmlite", "cupy", "pycuda", "warp", "jax", "taichi")
 _FIX = firewall.FIX
+# event lines activate() writes that report a state, not a refusal
+STATUS_EVENTS = frozenset({"inprocess_compiler_importable", "ptx_jit_not_disabled"})
 
 
 @dataclass
