@@ -45,6 +45,9 @@
 #            against CuTeDSL's C runtime and TVM-FFI (the wheel of .device-cu installed into a temporary target), loaded with
 #            tvm_ffi, called as vLLM calls it vs vLLM's Triton paths / float64 references, 0 processes, 0 compiles
 #            (tests/gpu/check_cutedsl_launch.py); needs .device-cu carried (`python tools/prepare_cutedsl_device.py`)
+#   inprocess  strict mode vs the driver's PTX JIT on the real driver (tests/gpu/test_inprocess_gpu.py: a PTX module load
+#            and the driver's linker refused, a cubin loaded, the control loads the PTX with strict mode off), then the
+#            CPU tests of NVRTC/nvJitLink (tests/test_inprocess_guard.py); needs a .whl nojit wheel built with _inproc
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -120,6 +123,10 @@ PY
       [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
       NOJIT_TEST_BUNDLE=.device/tilelang.nojit NOJIT_TEST_TRITON_BUNDLE=$W/triton.nojit \
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
+      ;;
+    inprocess)
+      python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/test_inprocess_guard.py -q -s -p no:cacheprovider \
+        2>&1 | tail -40 || rc=1
       ;;
     cutedsl)
       CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_cutedsl.py --bundle .device/cutedsl.nojit \
