@@ -185,3 +185,55 @@ def test_cuda_initialized_before_strict_mode_is_said(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "driver PTX JIT on in this process" in proc.stdout
     assert [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "ptx_jit_not_disabled"]
+
+
+_EXTENSION = r"""
+/* An extension module linked against libnvrtc (DT_NEEDED), as a C++ library that compiles with NVRTC is. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <nvrtc.h>
+static PyObject *compile(PyObject *self, PyObject *noargs) {
+  nvrtcProgram prog;
+  if (nvrtcCreateProgram(&prog, "extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }", "k.cu", 0, 0, 0))
+    return PyLong_FromLong(-1);
+  const char *opts[] = {"--gpu-architecture=sm_90"};
+  nvrtcResult rc = nvrtcCompileProgram(prog, 1, opts);
+  size_t size = 0;
+  if (rc == NVRTC_SUCCESS) nvrtcGetCUBINSize(prog, &size);
+  nvrtcDestroyProgram(&prog);
+  return Py_BuildValue("(in)", (int)rc, (Py_ssize_t)size);
+}
+static PyMethodDef methods[] = {{"compile", compile, METH_NOARGS, ""}, {0, 0, 0, 0}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "nvrtc_ext", "", -1, methods};
+PyMODINIT_FUNC PyInit_nvrtc_ext(void) { return PyModule_Create(&module); }
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the extension")
+def test_nvrtc_loaded_by_an_extension_import_after_strict_mode_is_refused(tmp_path):
+    """An extension imported after strict mode brings libnvrtc in as its dependency (no ctypes, no dlopen of ours)
+    and calls nvrtcCompileProgram from C: refused. Control: the same import and call with strict mode off compiles."""
+    import sysconfig
+
+    import nvidia.cu13
+
+    root = list(nvidia.cu13.__path__)[0]
+    src = tmp_path / "nvrtc_ext.c"
+    src.write_text(_EXTENSION)
+    ext = tmp_path / ("nvrtc_ext" + sysconfig.get_config_var("EXT_SUFFIX"))
+    subprocess.run(["cc", "-shared", "-fPIC", "-O0", f"-I{sysconfig.get_paths()['include']}", f"-I{root}/include",
+                    "-o", str(ext), str(src), f"-L{root}/lib", "-l:libnvrtc.so.13", f"-Wl,-rpath,{root}/lib"], check=True)
+    code = ("import json, sys\nfrom nojit.loader import guards, inprocess_guard\n"
+            "if sys.argv[1] == 'strict':\n    guards.install_strict_guards()\n"
+            f"sys.path.insert(0, {str(tmp_path)!r})\nimport nvrtc_ext\n"
+            "print(json.dumps(list(nvrtc_ext.compile())))")
+    out = {}
+    for mode in ("off", "strict"):
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl"), "LD_LIBRARY_PATH": f"{root}/lib"}
+        proc = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["off"][0] == 0 and out["off"][1] > 0, out  # control: the extension compiled a cubin
+    assert out["strict"] == [6, 0], out  # NVRTC_ERROR_COMPILATION from the stub
+    events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("symbol") == "nvrtcCompileProgram"], events
