@@ -10,17 +10,23 @@ library's own error code and writes the firewall's event line:
 | libnvrtc.so*, libnvrtc.alt.so* | nvrtcCompileProgram | NVRTC_ERROR_COMPILATION |
 | libnvJitLink.so* | nvJitLinkAddData, nvJitLinkAddFile, nvJitLinkComplete (and their `__..._13_N` versions) | NVJITLINK_ERROR_INVALID_INPUT / _PTX_COMPILE |
 | libnvvm.so* | nvvmCompileProgram | NVVM_ERROR_COMPILATION |
+| libcuda.so* | cuLinkAddData, cuLinkAddFile (and `_v2`): the driver's linker, every input | CUDA_ERROR_JIT_COMPILATION_DISABLED |
 
 An exported entry that is only a `jmp` to its body (nvJitLink's and NVVM's are) is followed to the body,
 which is patched instead, so every versioned alias lands in the stub too. Copies loaded later are patched
 when they arrive: after every `ctypes.CDLL` (cuda.bindings and cuda.pathfinder load NVRTC and nvJitLink
 that way) and every extension module import (an extension linked against one of them). Python wrappers
-(`cuda.bindings.nvrtc.nvrtcCompileProgram`, `cuda.bindings.nvjitlink.add_data/add_file/complete`) raise
-CompileForbiddenError before reaching C. A library loaded later by C code's own dlopen outside those two
+(`cuda.bindings.nvrtc.nvrtcCompileProgram`, `cuda.bindings.nvjitlink.add_data/add_file/complete`,
+`cuda.bindings.nvvm.compile_program`, `cuda.bindings.driver.cuLinkAddData/cuLinkAddFile`, and
+`cuda.bindings.driver.cuModuleLoadData(Ex)/cuLibraryLoadData` given an image that is neither a cubin nor a
+fatbin: PTX text, Tile IR) raise CompileForbiddenError before reaching C. The exported cuModuleLoadData itself
+is not patched: its cubin loads must go on, and calling the original past a patch would need its first
+instructions relocated; PTX given to it from C is left to CUDA_DISABLE_PTX_JIT. A library loaded later by C code's own dlopen outside those two
 paths is patched only at the next ctypes load, extension import or `rescan()`.
 
 The driver's PTX JIT: `CUDA_DISABLE_PTX_JIT=1` is set here, before CUDA initializes when install() runs
-where vLLM's plugin runs it (workers: before the device is set). If this process already initialized CUDA,
+where vLLM's plugin runs it (workers: vllm/v1/worker/worker_base.py:289, `init_worker`, before the worker class
+and its device; the engine core and the API server initialize no CUDA before it). If this process already initialized CUDA,
 the variable reaches only child processes, and activate() says so (`ptx_jit` of the report).
 
 Who uses these in the serving process legitimately (read from vLLM 0.33.0's installed packages): torch
@@ -269,11 +275,12 @@ def _image_head(image: Any) -> bytes | None:
 
 
 def _refusing_ptx(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    def load(image: Any, *args: Any, **kwargs: Any) -> Any:
+    def load(*args: Any, **kwargs: Any) -> Any:
+        image = args[0] if args else next(iter(kwargs.values()), None)  # the image is the first parameter
         head = _image_head(image)
         if head is not None and head[:4] not in (_ELF, _FATBIN):
             raise _forbid(f"the CUDA driver (cuda.bindings.driver.{name}) was about to JIT-compile PTX")
-        return original(image, *args, **kwargs)
+        return original(*args, **kwargs)
 
     return load
 
