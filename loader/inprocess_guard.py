@@ -95,6 +95,7 @@ _state: dict[str, Any] = {"active": False, "adds": -1, "fd": -1, "env": None, "r
 _patches: dict[int, tuple[bytes, str, str]] = {}  # address -> (original code, library, symbol)
 _seen: set[tuple[str, int]] = set()  # (library path, load bias) already scanned
 _restore: list[tuple[Any, str, Any]] = []
+_wrapped: set[tuple[str, str]] = set()  # (module, attribute) of _WRAPPERS replaced now
 
 
 def _native() -> Any:
@@ -291,21 +292,18 @@ def _guard_wrappers() -> None:
             return
         for module_name, names in _WRAPPERS.items():
             module = sys.modules.get(module_name)
-            if module is None or getattr(module, "_nojit_guarded", False):
+            if module is None:
                 continue
-            for name, what in names.items():
-                if hasattr(module, name):
-                    _restore.append((module, name, getattr(module, name)))
-                    setattr(module, name, _refusing(what))
-            for name in _IMAGE_LOADERS if module_name == "cuda.bindings.driver" else ():
-                if hasattr(module, name):
-                    _restore.append((module, name, getattr(module, name)))
-                    setattr(module, name, _refusing_ptx(name, getattr(module, name)))
-            try:
-                module._nojit_guarded = True
-                _restore.append((module, "_nojit_guarded", False))
-            except (AttributeError, TypeError):
-                pass
+            # a module still executing (one of these imports another) lacks its functions yet: each name is
+            # wrapped once it is there, so a later call (its import finishing) wraps the rest
+            loaders = _IMAGE_LOADERS if module_name == "cuda.bindings.driver" else ()
+            for name in (*names, *loaders):
+                if (module_name, name) in _wrapped or not hasattr(module, name):
+                    continue
+                original = getattr(module, name)
+                _restore.append((module, name, original))
+                setattr(module, name, _refusing_ptx(name, original) if name in loaders else _refusing(names[name]))
+                _wrapped.add((module_name, name))
         rescan()
 
 
@@ -400,6 +398,7 @@ def deactivate() -> None:
         while _restore:
             obj, name, value = _restore.pop()
             setattr(obj, name, value)
+        _wrapped.clear()
         finder = _state.pop("finder", None)
         sys.meta_path[:] = [f for f in sys.meta_path if f is not finder]
         native.set_log_fd(-1)
