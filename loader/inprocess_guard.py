@@ -68,7 +68,6 @@ _LIBRARIES: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
 _ELF, _FATBIN = b"\x7fELF", b"\x50\xed\x55\xba"  # a cubin; a fatbin (its SASS loads, its PTX only if the JIT is on)
 # importable in-process compilers this guard cannot patch: reported, not refused
 IN_PROCESS_COMPILERS = ("numba", "llvmlite", "cupy", "pycuda", "warp", "jax", "taichi")
-_FIX = firewall.FIX
 # event lines activate() writes that report a state, not a refusal
 STATUS_EVENTS = frozenset({"inprocess_compiler_importable", "ptx_jit_not_disabled"})
 
@@ -232,9 +231,7 @@ def _cuda_initialized() -> bool:
 def _forbid(what: str) -> CompileForbiddenError:
     from nojit.loader import guards
 
-    guards.compile_attempts.append(what)
-    firewall.log_event({"event": "compile_forbidden", "what": what, "via": "in-process"})
-    return CompileForbiddenError(f"strict mode: {what}", fix=_FIX)
+    return guards._forbid(what, {"via": "in-process"})  # the one refusal: recorded, logged, raised
 
 
 def _refusing(what: str) -> Callable[..., Any]:
