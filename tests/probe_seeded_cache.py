@@ -60,6 +60,13 @@ def make(out: str, good_so: str) -> None:
                Entry(kernels[1].id, {"n": 384, "k": 4096}, "exact", cubin_sha,
                      FlashInferLaunch(TRT_CUBIN, "trtllm_deepgemm"))]
     write_bundle(os.path.join(out, "flashinfer.nojit"), producer, target, {}, kernels, entries, blobs)
+    # the block-FP8 GEMM module without TensorRT-LLM cubins: TRTLLM_DG_CACHE_DIR stays the operator's (or nojit's
+    # default beside the provider folder), where TensorRT-LLM's Compiler then looks for cubins
+    gemm = KernelRecord("flashinfer.jit.gemm.fp8_blockscale:gen_fp8_blockscale_gemm_sm90_module", "flashinfer",
+                        "0" * 64, (), fi_info)
+    write_bundle(os.path.join(out, "flashinfer-gemm.nojit"), producer, target, {}, [gemm],
+                 [Entry(gemm.id, "fp8_blockscale_gemm_90", "exact", so_sha, FlashInferLaunch("fp8_blockscale_gemm_90"))],
+                 blobs)
 
     from humming.jit.compiler import NVRTCCompiler
 
@@ -134,7 +141,8 @@ def run(bundle: str, out: str) -> None:
         import humming.jit.runtime  # noqa: F401 - seeds Humming's cache (humming_serving.activate)
     seeded = {}
     if inst.flashinfer is not None:
-        seeded["SEEDED_FI_SO"] = os.path.join(inst.flashinfer.root, FI_MODULE, f"{FI_MODULE}.so")
+        module = next(iter(inst.flashinfer.modules))
+        seeded["SEEDED_FI_SO"] = os.path.join(inst.flashinfer.root, module, f"{module}.so")
         seeded["SEEDED_TRT_CUBIN"] = os.path.join(os.environ["TRTLLM_DG_CACHE_DIR"], "cache", TRT_CUBIN,
                                                   "nvcc_kernel.cubin")
     if inst.humming is not None:

@@ -76,7 +76,7 @@ def bundles(tmp_path_factory):
     made = subprocess.run([sys.executable, PROBE, "make", str(out), str(out / "good.so")], capture_output=True,
                           text=True, timeout=900, cwd=ROOT)
     assert made.returncode == 0, made.stderr[-3000:]
-    return {n: str(out / f"{n}.nojit") for n in ("flashinfer", "humming", "deepgemm")}
+    return {n: str(out / f"{n}.nojit") for n in ("flashinfer", "flashinfer-gemm", "humming", "deepgemm")}
 
 
 def tree(path: str) -> dict:
@@ -191,6 +191,7 @@ def scene(tmp_path, attacker):
 # target -> (bundle, the attacked path below the shared folder, the setting that names it, mode, planted .py under it)
 TARGETS = {
     "flashinfer": ("flashinfer", "nojit-flashinfer-0", "NOJIT_FLASHINFER_DIR", "strict", None),  # + TensorRT-LLM's
+    "trtllm": ("flashinfer-gemm", "trtllm-cache", "TRTLLM_DG_CACHE_DIR", "strict", None),  # an operator's, no cubins
     "humming": ("humming", "nojit-humming-0", "NOJIT_HUMMING_DIR", "strict", "tmp/module"),  # cache + tmp/module
     "humming-tmp": ("humming", "humming-tmp", "HUMMING_TMP_DIR", "strict", "module"),
     "deepgemm": ("deepgemm", "nojit-deepgemm-0", "NOJIT_DEEPGEMM_DIR", "strict", None),
@@ -236,6 +237,8 @@ def test_positive_control_the_loose_folder_attack_works_without_the_checks(scene
         assert scene.py_marker.exists() and result["humming_module"]["value"] == 666, result
     if target == "deepgemm":
         assert result["dg_cubin"] == EVIL_SHA
+    if target == "trtllm":  # TensorRT-LLM's Compiler would look for its cubins in the attacker's folder
+        assert result["env"]["TRTLLM_DG_CACHE_DIR"] == str(path)
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
