@@ -79,6 +79,10 @@ def _open_component(parent_fd: int, name: str, path: str, create: bool) -> tuple
                 os.mkdir(name, 0o700, dir_fd=parent_fd)
             except FileExistsError:
                 continue  # someone made it first: open and check it like any other
+            except OSError as exc:
+                raise UnsafePathError(f"cannot create folder {path}: {exc.strerror}",
+                                      fix=f"make {os.path.dirname(path)} writable by this user, or point the setting "
+                                          "that names it at a folder this user can write") from None
             return os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=parent_fd), True
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
@@ -163,10 +167,14 @@ class PrivateDir:
     def descend(self, relative: str, create: bool = True) -> PrivateDir:
         """child() for each component of a relative path ("a/b/c")."""
         current = PrivateDir(self.path, os.dup(self.fd))
-        for name in relative.split("/"):
-            nxt = current.child(name, create)
+        try:
+            for name in relative.split("/"):
+                nxt = current.child(name, create)
+                current.close()
+                current = nxt
+        except BaseException:
             current.close()
-            current = nxt
+            raise
         return current
 
     def chmod(self, mode: int) -> None:
