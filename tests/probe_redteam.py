@@ -190,6 +190,23 @@ def others_folder_in_tree() -> None:
     libc.system(f"{folder}/tool -quiet {src} -o {out('others_folder_in_tree')} 2>/dev/null".encode())
 
 
+def child_nvrtc() -> None:
+    """A Python child that never installs nojit compiles CUDA C++ with a ctypes-loaded libnvrtc: the in-process
+    guards are per process, and Landlock checks only exec (tests/inprocess_compilers.py, its unguarded form)."""
+    import importlib.util
+
+    if importlib.util.find_spec("nvidia") is None:
+        return
+    probe = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inprocess_compilers.py")
+    p = subprocess.run([sys.executable, probe, "nvrtc-ctypes", "off"], capture_output=True, text=True)
+    try:
+        sm = json.loads(p.stdout.strip().splitlines()[-1])["result"]["sm"]
+    except (IndexError, ValueError, KeyError):
+        return
+    if sm == 90:
+        open(out("child_nvrtc"), "w").close()
+
+
 def gcc_abs() -> None:
     libc.system(f"/usr/bin/gcc -S {src} -o {out('gcc_abs')} 2>/dev/null".encode())
 
@@ -210,7 +227,7 @@ forms = {name: fn for name, fn in list(globals().items())
          if name in ("memfd_execveat", "memfd_proc_path", "fd_of_cc1_execveat", "opath_of_cc1_proc",
                      "copy_after_install", "hardlink_after_install", "overwrite_allowed_file", "shebang_gcc",
                      "spawnp_reset_path", "ld_so_gcc_driver", "gcc_abs",
-                     "others_file_in_allowed", "others_folder_in_tree")}
+                     "others_file_in_allowed", "others_folder_in_tree", "child_nvrtc")}
 only = os.environ.get("REDTEAM_FORMS")
 forms = {n: f for n, f in forms.items() if not only or n in only.split(",")}
 errors = {}

@@ -11,6 +11,7 @@ the same process shows cc1 refused when it is started from its own path (fd_of_c
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -211,3 +212,50 @@ def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
     os.chmod(cached, stat.S_IRUSR | stat.S_IWUSR)
     again = run_probe(work, "strict", forms="gcc_abs", xdg="xdg-cache", allow=False)
     assert again["compiled"] == {"gcc_abs": False}, again
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("cuda") is None,
+                    reason="needs the nvidia-cuda-nvrtc wheel")
+@pytest.mark.xfail(strict=True, reason="hole: the in-process guards are per process; a Python child that does not "
+                   "install nojit compiles with a ctypes-loaded libnvrtc (Landlock checks only exec); closing it needs "
+                   "every child to install the guards, not small")
+def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
+    r = run_probe(work, "strict", forms="child_nvrtc,gcc_abs", allow=False)
+    assert r["compiled"]["gcc_abs"] is False  # the child's process compilers are refused
+    assert r["compiled"]["child_nvrtc"] is False, r
+
+
+def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp_path):
+    """TOCTOU on the pin after open: the pin covers the header and index only; sections and cubins are read later
+    by pread from the descriptor opened at open. A writer flipping every byte after the header in place (same
+    inode, as a shared mapping of the file would see it) gets a BundleCorruptError at each later read, never its
+    bytes served; a file renamed over the path is never read (the descriptor holds the old inode)."""
+    import hashlib
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from bundle_bytes import seal
+    from test_schema_rules import CUBIN_A, SHA_A, valid
+
+    from nojit.loader.bundle_file import HEADER, Bundle
+    from nojit.loader.errors import BundleCorruptError
+
+    raw = seal(*valid())
+    path = tmp_path / "b.nojit"
+    path.write_bytes(raw)
+    pin = hashlib.sha256(raw).hexdigest()
+    control = Bundle.open(str(path), expected_sha256=pin)
+    assert control.read_blob(SHA_A) == CUBIN_A and control.entries("vllm.m:k")  # control: the reads work
+    renamed = Bundle.open(str(path), expected_sha256=pin)
+    other = tmp_path / "other"
+    other.write_bytes(raw[:HEADER.size] + bytes(len(raw) - HEADER.size))
+    os.replace(other, path)  # a redeploy renamed over the path: the open bundles keep the old inode
+    assert renamed.read_blob(SHA_A) == CUBIN_A
+    path.write_bytes(raw)
+    flipped = Bundle.open(str(path), expected_sha256=pin)
+    with open(path, "r+b") as f:  # in place: same inode
+        f.seek(HEADER.size)
+        f.write(bytes(b ^ 0xFF for b in raw[HEADER.size:]))
+    with pytest.raises(BundleCorruptError):
+        flipped.read_blob(SHA_A)
+    with pytest.raises(BundleCorruptError):
+        flipped.entries("vllm.m:k")
