@@ -134,6 +134,14 @@ def test_outside_the_dynamic_loader_runs_the_gcc_driver(strict):
     assert strict["compiled"]["ld_so_gcc_driver"] is True
 
 
+def test_outside_a_thread_that_existed_before_install_runs_gcc_without_tsync(strict):
+    """README, outside the guarantee: without Landlock's TSYNC (ABI 8) a thread started before install is not
+    restricted, and the startup line counts it (by its OS name: CPython 3.11 leaves that `python`)."""
+    assert strict["compiled"]["thread_before_install"] is (not strict["tsync"]), strict
+    if not strict["tsync"]:
+        assert "1 earlier threads not covered" in strict["summary"], strict
+
+
 @pytest.mark.xfail(strict=True, reason="hole: Landlock does not check files on kernel-internal mounts (memfd); "
                    "closing it needs vm.memfd_noexec=2 or a seccomp filter on memfd_create, neither small")
 def test_a_compiler_copied_into_a_memfd_is_refused(strict):
