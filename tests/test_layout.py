@@ -171,7 +171,7 @@ def test_no_import_inside_functions_names_aot_above_itself():
 # Layers of loader/, lowest first, as for aot/. runtimes/<r>/ are rooms: one never imports another. The
 # bundle-format room sits right above errors and settings, so it imports no serving module.
 LOADER_LAYERS = (
-    ("errors and settings", ("", "errors", "settings", "packages")),
+    ("errors and settings", ("", "errors", "settings", "packages", "private_dir")),
     ("bundle-format room", ("bundle", "bundle.*")),
     ("policy", ("policy",)),
     ("strict-mode room", ("strict", "strict.*")),
