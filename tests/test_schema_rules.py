@@ -351,7 +351,7 @@ def test_allow_mismatch_words(monkeypatch):
 
 def test_kernel_ids_import_only_installed_package_modules(tmp_path, monkeypatch):
     """`this:s` printed the Zen of Python; a planted module's top-level code ran. Neither is imported now."""
-    from nojit.loader.install import resolve_installed
+    from nojit.loader.resolve import resolve_installed
 
     planted = tmp_path / "planted_nojit_probe.py"
     planted.write_text("raise SystemExit('planted module ran')\n")

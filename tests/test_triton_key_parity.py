@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from triton._utils import canonicalize_ptr_dtype
 
 from conftest import needs_vllm
-from nojit.loader.install import jit_function_of
+from nojit.loader.resolve import jit_function_of
 from nojit.aot.models.deepseek_v4.owners import REPORT_KERNELS
 from nojit.aot.runtimes.triton.compiler import key_for_call
 from nojit.loader.key_values import UnsupportedArgument

@@ -32,7 +32,7 @@ from nojit.aot.vllm_env import import_kernel_module
 from nojit.loader.cutedsl_key import key_to_json, source_hash
 from nojit.loader.errors import BundleMismatchError, NoJitError
 from nojit.loader import cutedsl_key
-from nojit.loader.install import resolve_object
+from nojit.loader.resolve import resolve_object
 from nojit.loader.manifest import CuteLaunch
 
 NAME = "cutedsl"
