@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError
+from nojit.loader.records.flashinfer import FlashInferLaunch
+from nojit.loader.records.humming import HummingLaunch
 
 FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
 RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming")
@@ -698,14 +700,10 @@ def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, Blob
         launch = CuteLaunch.from_json(lf)
         _check_cute_key(ef, key)
     elif record.runtime == "flashinfer":
-        from nojit.loader.flashinfer_serving import FlashInferLaunch
-
         launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
         if launch.kind == "module" and key != launch.module:
             raise ef._bad("key", "is not the FlashInfer module's name")
     elif record.runtime == "humming":
-        from nojit.loader.humming_serving import HummingLaunch
-
         launch = HummingLaunch.from_json(lf)  # type: ignore[assignment]
         if not (isinstance(key, dict) and key.get("class") == kernel and isinstance(key.get("args"), dict)):
             raise ef._bad("key", "is not {class: <this kernel>, args: {...}} (a Humming kernel's constructor arguments)")
