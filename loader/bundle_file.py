@@ -93,11 +93,6 @@ class Pin:
     recorded: bool = False  # recorded with the file (a bundle wheel): a mismatch is damage (BundleCorruptError)
 
 
-def canonical_json(obj: Any) -> bytes:
-    """The one JSON encoding used for manifests and digests: sorted keys, no whitespace."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
-
-
 class Bundle:
     """A bundle opened for reading: header and index validated, sections and cubins read at first use."""
 

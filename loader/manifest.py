@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nojit.loader.canonical import canonical_json
 from nojit.loader.errors import BundleCorruptError
 from nojit.loader.records.flashinfer import FlashInferLaunch
 from nojit.loader.records.humming import HummingLaunch
@@ -764,8 +765,6 @@ def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:
 
 def _check_kernel_entries(record: KernelRecord, entries: list[Entry], source: str) -> None:
     """Across one kernel's entries: no key twice, and one TileLang tensor signature (the server reads the first)."""
-    from nojit.loader.bundle_file import canonical_json
-
     seen: set[tuple[bytes, str]] = set()
     for e in entries:
         ident = (canonical_json(e.key), e.variant)
