@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nojit.loader.errors import BundleMismatchError
+from nojit.loader.packages import dist_info_dir, package_dirs
 
 
 def resolve_object(kernel_id: str, import_module: Callable[[str], Any] = importlib.import_module) -> Any:
@@ -83,8 +84,7 @@ def _is_installed_file(package: str, origin: str) -> bool:
             record = dist.read_text("RECORD") or ""
         except importlib.metadata.PackageNotFoundError:
             pass
-        spec = importlib.util.find_spec(package)
-        dirs = tuple(os.path.realpath(d) for d in (spec.submodule_search_locations or ())) if spec else ()
+        dirs = tuple(os.path.realpath(d) for d in package_dirs(package))
         listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
         found = _installed[package] = (root, listed, dirs)
     root, listed, dirs = found
@@ -102,8 +102,6 @@ def _is_installed_file(package: str, origin: str) -> bool:
 
 def _distribution(package: str) -> importlib.metadata.Distribution:
     """The package's distribution, found next to it (one directory listing) before a search of sys.path."""
-    from nojit.loader.versions import dist_info_dir
-
     found = dist_info_dir(package)
     if found is not None:
         return importlib.metadata.PathDistribution(pathlib.Path(found))
