@@ -15,7 +15,6 @@ let vLLM's own compile run (record writes the key for `nojit build --add-keys`).
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import sys
 import tempfile
@@ -27,10 +26,10 @@ from nojit.loader.cutedsl_key import cache_slot, key_from_json, key_text, key_to
 from nojit.loader.errors import BundleMismatchError, LaunchError
 from nojit.loader.manifest import CuteLaunch, Entry, KernelRecord
 from nojit.loader.policy import ServingPolicy
-from nojit.loader.versions import check_source
+from nojit.loader.settings import TOOL_FACTS
+from nojit.loader.versions import check_source, check_tool_versions
 
 RUNTIME = "cutedsl"
-TOOLS = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")  # what wrote and traced the objects, what loads them
 
 
 class CuteKernelServer:
@@ -110,21 +109,11 @@ class CuteKernelServer:
         self.owner.__dict__.pop("compile", None)
 
 
-def check_tools(record: KernelRecord, bundle_path: str) -> None:
-    """The CuTeDSL and TVM-FFI versions the objects were written with against this process's."""
-    differences = []
-    for tool in TOOLS:
-        built = record.info.get(tool)
-        try:
-            here = importlib.metadata.version(tool)
-        except importlib.metadata.PackageNotFoundError:
-            here = None
-        if built != here:
-            differences.append(f"{tool} {built} (bundle) vs {here} (installed)")
-    if differences:
-        raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path} was exported with other CuTeDSL "
-                                  f"tools: {'; '.join(differences)}",
-                                  fix="install the versions the bundle names, or rebuild the bundle with these")
+def check_tools(record: KernelRecord, bundle_path: str, allow: frozenset[str]) -> None:
+    """The CuTeDSL, TVM-FFI and quack versions the objects were written with against this process's (the
+    `cutedsl` row of TOOL_FACTS; NOJIT_ALLOW_MISMATCH=cutedsl serves them anyway)."""
+    built = {tool: record.info.get(tool) for tool in TOOL_FACTS["cutedsl"]}
+    check_tool_versions("cutedsl", built, f"kernel {record.id}", bundle_path, allow)
 
 
 def _source_modules(record: KernelRecord, owner: Any, bundle_path: str) -> list[Any]:
@@ -150,7 +139,7 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow:
                                       fix="rebuild the bundle against the installed vLLM")
         check_source(kid, record.source_hash, source_hash(_source_modules(record, owner, bundle.path)), bundle.path,
                      allow)
-        check_tools(record, bundle.path)
+        check_tools(record, bundle.path, allow)
         server = CuteKernelServer(kid, owner, record, bundle.entries(kid), bundle, policy)
         owner.compile = server.compile
         servers[kid] = server
