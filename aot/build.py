@@ -13,13 +13,16 @@ import hashlib
 import json
 import os
 import platform as py_platform
+import sys
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import version as package_version
 from typing import Any
 
+from nojit.aot.build_log import Terminal
 from nojit.aot.bundle_writer import write_bundle
 from nojit.aot.compile_cache import CompileCache
+from nojit.aot.compile_times import CompileTimes
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Selection, WorkerSettings
@@ -27,7 +30,7 @@ from nojit.aot.models import model_for
 from nojit.aot.plan import Plan, PlanRequest
 from nojit.aot.pool import Executor, LocalProcessExecutor
 from nojit.aot.ray_pool import RayExecutor
-from nojit.aot.progress import Progress
+from nojit.aot.progress import Progress, clock
 from nojit.aot.reproducible import canonical_source_paths
 from nojit.aot.runtimes import RUNTIMES, runtime
 from nojit.aot.vllm_env import PlatformFacts, install_deployment_platform
@@ -59,6 +62,7 @@ class BuildOptions:
     executor: Executor | None = None  # default: LocalProcessExecutor(jobs)
     ray: str | None = None  # compile on the Ray cluster at this address (aot/ray_pool.py)
     compile_cache: bool = True  # reuse compile results under cache_dir/compiled (aot/compile_cache.py)
+    terminal: Terminal | None = None  # where the plan line and the progress bar go (build_log.py; default: stdio)
 
 
 @dataclass
@@ -140,14 +144,37 @@ def _worker_init(facts: dict[str, Any] | None, settings: WorkerSettings, runtime
     _worker["settings"] = settings
 
 
-def _compile_task(index: int, request: PlanRequest, kernel: Any) -> tuple[int, CompileResult | str]:
-    """Runs in a worker: compile one request; an error comes back as text (kernel and key added by the parent)."""
+def _compile_task(index: int, request: PlanRequest, kernel: Any) -> tuple[int, CompileResult | str, float]:
+    """Runs in a worker: compile one request; an error comes back as text (kernel and key added by the parent).
+    The seconds it took come back too (compile_times.py: the next plan's estimate)."""
+    t0 = time.perf_counter()
     try:
-        return index, runtime(kernel.runtime).compile(request, request.kernel, kernel, _worker["settings"])
+        result: CompileResult | str = runtime(kernel.runtime).compile(request, request.kernel, kernel,
+                                                                      _worker["settings"])
     except NoJitError as exc:
-        return index, f"{exc.message} (fix: {exc.fix})"
+        result = f"{exc.message} (fix: {exc.fix})"
     except Exception as exc:  # keep the worker alive; the parent reports kernel + key
-        return index, f"{type(exc).__name__}: {exc}"
+        result = f"{type(exc).__name__}: {exc}"
+    return index, result, time.perf_counter() - t0
+
+
+def plan_line(plan: Plan, cached: int, todo: list[int], times: CompileTimes | None, jobs: int) -> str:
+    """What the build is about to do, before it does it: runtimes, keys, cached, to compile, and how long."""
+    exact = sum(r.variant == "exact" for r in plan.requests)
+    runtimes = ", ".join(sorted(plan.runtimes()))
+    line = (f"plan: {len(plan.kernels)} kernels ({runtimes}), {exact} keys + {len(plan.requests) - exact} generic "
+            f"entries; {cached} of {len(plan.requests)} in the compile cache, {len(todo)} to compile")
+    if not todo:
+        return line
+    guesses = [times.guess(plan.requests[i].kernel, plan.kernels[plan.requests[i].kernel].runtime) if times else None
+               for i in todo]
+    known = [g for g in guesses if g is not None]
+    if not known:
+        return line + " (no estimate: no compile times recorded yet)"
+    mean = sum(known) / len(known)
+    total = (sum(known) + mean * (len(guesses) - len(known))) / max(1, min(jobs, len(todo)))
+    unknown = f", {len(guesses) - len(known)} at the mean" if len(known) < len(guesses) else ""
+    return line + f", about {clock(total)} on {jobs} job{'s' if jobs != 1 else ''} (recorded compile times{unknown})"
 
 
 def compile_plan(plan: Plan, opts: BuildOptions) -> list[tuple[PlanRequest, CompileResult]]:
@@ -169,15 +196,16 @@ def compile_plan(plan: Plan, opts: BuildOptions) -> list[tuple[PlanRequest, Comp
             elif found is not None:
                 inputs[i] = found
     todo = [i for i in order if i not in results]
-    if cache is not None and opts.progress:
-        print(f"compile cache {cache.root}: {len(results)} of {len(order)} requests found, {len(todo)} to compile",
-              flush=True)
+    times = CompileTimes(os.path.join(opts.cache_dir, "compiled")) if cache is not None else None
+    terminal = opts.terminal or Terminal(sys.stdout, sys.stderr)
+    if opts.progress:
+        print(plan_line(plan, len(results), todo, times, opts.jobs), file=terminal.out, flush=True)
     errors = []
     if todo:
         executor = opts.executor or (RayExecutor(opts.ray, opts.jobs) if opts.ray else LocalProcessExecutor(opts.jobs))
-        progress = Progress(len(todo), "compiling", enabled=opts.progress)
+        progress = Progress(len(todo), "compiling", enabled=opts.progress, stream=terminal.err)
         tasks = [(i, plan.requests[i], plan.kernels[plan.requests[i].kernel]) for i in todo]
-        for i, res in executor.run(_compile_task, tasks, _worker_init, (facts, settings, in_plan)):
+        for i, res, seconds in executor.run(_compile_task, tasks, _worker_init, (facts, settings, in_plan)):
             r = plan.requests[i]
             if isinstance(res, str):
                 errors.append(f"{r.kernel} key {json.dumps(r.key)[:200]}: {res}")
@@ -185,8 +213,12 @@ def compile_plan(plan: Plan, opts: BuildOptions) -> list[tuple[PlanRequest, Comp
                 results[i] = res
                 if cache is not None and i in inputs:
                     cache.store(runtime(plan.kernels[r.kernel].runtime), inputs[i], res)
+                if times is not None:
+                    times.record(r.kernel, plan.kernels[r.kernel].runtime, seconds)
             progress.step(r.kernel.rpartition(":")[2])
         progress.done()
+        if times is not None:
+            times.save()
     if errors:
         raise BuildError(f"{len(errors)} of {len(order)} compiles failed:\n  " + "\n  ".join(errors[:20]),
                          fix="see the messages above; nothing was written")
@@ -255,6 +287,9 @@ def _read_plan(opts: BuildOptions) -> Plan:
 def build(opts: BuildOptions) -> BuildResult:
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
+    if opts.progress and not opts.plan_in and opts.deployment is not None:
+        print(f"planning {opts.deployment.name} ({', '.join(sorted(opts.runtimes))}) with vLLM's own declarations ...",
+              file=(opts.terminal or Terminal(sys.stdout, sys.stderr)).out, flush=True)
     plan = _read_plan(opts) if opts.plan_in else plan_deployment(opts)
     if opts.kernel_sources:
         for rt in RUNTIMES.values():

@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from nojit.loader.errors import NoJitError
 
@@ -50,7 +51,7 @@ def _build(args: argparse.Namespace) -> int:
     if args.plan_only and not args.emit_plan:
         print("nojit: error: --plan-only needs --emit-plan FILE", file=sys.stderr)
         return 2
-    result = build(opts)
+    result = _quietly(args, output, lambda: build(opts), opts)
     if args.plan_only:
         print(f"plan: {len(result.plan.requests)} requests of {len(result.plan.kernels)} kernels -> {args.emit_plan} "
               f"({result.seconds['plan']:.1f}s)")
@@ -60,6 +61,24 @@ def _build(args: argparse.Namespace) -> int:
     print(f"\nbuild time: plan {s['plan']:.1f}s, compile {s['compile']:.1f}s ({opts.jobs} jobs), "
           f"write {s['write']:.1f}s, total {s['total']:.1f}s")
     return 0
+
+
+def _quietly(args: argparse.Namespace, output: str, run: Any, opts: Any) -> Any:
+    """Run the build with the libraries' output in a build log (build_log.py) unless --verbose."""
+    from nojit.aot.build_log import default_log_path, quiet
+
+    log_path = None if args.verbose else (args.build_log or default_log_path(output))
+    if log_path:
+        print(f"build log: {log_path} (what vLLM, torch, the compilers and the workers print; --verbose shows it "
+              "here)", flush=True)
+    try:
+        with quiet(log_path) as terminal:
+            opts.terminal = terminal
+            return run()
+    except NoJitError as exc:
+        if log_path:
+            exc.fix = f"{exc.fix} (the libraries' output: {log_path})"
+        raise
 
 
 def _build_many(args: argparse.Namespace) -> int:
@@ -77,7 +96,8 @@ def _build_many(args: argparse.Namespace) -> int:
                         generic=args.generic, progress=not args.quiet, ray=args.ray)
     if args.cache_dir:
         opts.cache_dir = args.cache_dir
-    result = build_many(args.deployment, args.output or "out", opts)
+    result = _quietly(args, os.path.join(args.output or "out", "bundles"),
+                      lambda: build_many(args.deployment, args.output or "out", opts), opts)
     s = result["seconds"]
     print("\n".join(result["outputs"]))
     print(f"{len(result['outputs'])} bundles, {result['requests']} requests, {result['compiled']} distinct compiles; "
@@ -141,6 +161,12 @@ def _package(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from nojit.loader.doctor import main as doctor_main  # loader-side: a serving machine needs no build deps
+
+    return doctor_main(args.bundle, args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nojit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -166,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--generic", action=argparse.BooleanOptionalAction, default=True,
                    help="add generic entries per constexpr/dtype combination (default: on)")
     b.add_argument("--cache-dir", help="compile cache (default: ~/.cache/nojit)")
-    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--quiet", action="store_true", help="no plan line and no progress bar")
+    b.add_argument("--verbose", action="store_true", help="show what the libraries and workers print (default: "
+                   "it goes to the build log)")
+    b.add_argument("--build-log", metavar="FILE", help="where that output goes (default: next to the bundle, "
+                   "<name>.build.log)")
     b.add_argument("--print-default-deployment", action="store_true", help="print the built-in deployment TOML")
     b.set_defaults(func=_build)
 
@@ -193,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("-o", "--output", default="dist", help="directory for the wheel (default: dist)")
     w.add_argument("--version", help="wheel version (default: <nojit version>+<first 12 hex of the bundle sha256>)")
     w.set_defaults(func=_package)
+
+    d = sub.add_parser("doctor", help="check, without starting vLLM, whether a bundle will serve on this machine")
+    d.add_argument("bundle", nargs="?", help="the bundle (default: NOJIT_BUNDLE, else the installed bundle wheel)")
+    d.add_argument("--json", action="store_true", help="the findings as JSON")
+    d.set_defaults(func=_doctor)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

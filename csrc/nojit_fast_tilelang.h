@@ -7,7 +7,7 @@
  * programs over those variables, and the device parameters with their C types. One call then
  * checks the tensors, reads the shapes and data pointers, evaluates the geometry, packs and calls
  * cuLaunchKernelEx. Whatever it does not accept (a failed check, a non-tensor, a value out of range,
- * an overflow, a division by zero) it declines: the Python path (TileLangVariant._launch_python,
+ * an overflow, a division by zero, a grid or block past CUDA's limits) it declines: the Python path (TileLangVariant._launch_python,
  * the one definition) then launches or raises its typed error, so C can be slower to say no, never
  * different. CUDA-graph safe: stack buffers only, no synchronisation.
  *
@@ -18,6 +18,12 @@
 #define TL_MAX_TENSORS 64
 #define TL_MAX_VARS 32
 #define TL_STACK 96
+/* CUDA's launch limits, as loader/launch_expr.py (GRID_LIMITS, BLOCK_LIMITS, MAX_BLOCK_THREADS) states them */
+#define TL_GRID_X_MAX 0x7FFFFFFFu
+#define TL_GRID_YZ_MAX 65535u
+#define TL_BLOCK_XY_MAX 1024u
+#define TL_BLOCK_Z_MAX 64u
+#define TL_BLOCK_THREADS_MAX 1024u
 
 enum { TL_LIT, TL_VAR, TL_ADD, TL_SUB, TL_MUL, TL_FDIV, TL_MOD, TL_MIN, TL_MAX, TL_LT, TL_LE, TL_EQ, TL_SEL, TL_NOPS };
 
@@ -385,6 +391,8 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, long device, uint32_t 
   for (int d = 0; d < 3; d++)
     if (tl_eval(p, d, vals, &dims[d]))
       goto out;
+  if (dims[0] > TL_GRID_X_MAX || dims[1] > TL_GRID_YZ_MAX || dims[2] > TL_GRID_YZ_MAX)
+    goto out; /* past CUDA's grid limits: the Python path raises LaunchError */
   if (!(dims[0] && dims[1] && dims[2])) {
     rc = 2;
     goto out;
@@ -392,6 +400,9 @@ static int tl_prepare(const TlPlan *p, PyObject *tensors, long device, uint32_t 
   for (int d = 3; d < 6; d++)
     if (tl_eval(p, d, vals, &dims[d]))
       goto out;
+  if (!dims[3] || !dims[4] || !dims[5] || dims[3] > TL_BLOCK_XY_MAX || dims[4] > TL_BLOCK_XY_MAX ||
+      dims[5] > TL_BLOCK_Z_MAX || (uint64_t)dims[3] * dims[4] * dims[5] > TL_BLOCK_THREADS_MAX)
+    goto out; /* an empty block or one past CUDA's limits: the Python path raises LaunchError */
   for (int a = 0; a < p->nparams; a++) {
     if (p->param_kind[a] == 0) {
       PyObject *x = t[p->param_ref[a]];

@@ -60,4 +60,8 @@ def firewall_state(inst: object) -> str:
     report = firewall.active() if hasattr(firewall, "active") else None
     if report is None:
         return "not active"
-    return f"on ({len(report.names)} stand-ins in {report.bin_dir}, versions from {report.versions_from})"
+    from nojit.loader import landlock
+
+    allow = landlock.report()
+    return (f"on ({len(report.names)} stand-ins in {report.bin_dir}, versions from {report.versions_from})"
+            + (f"; {allow.summary()}" if allow is not None else ""))

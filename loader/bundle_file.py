@@ -25,7 +25,10 @@ checked against the file and against fixed caps before anything is allocated, de
 is streamed with a hard output limit, and every inconsistency (short file, bad magic, digest
 mismatch, oversized field, trailing bytes) is a BundleCorruptError naming the file.
 NOJIT_BUNDLE_SHA256 (or an installed bundle wheel's recorded digest), when given, is checked
-over the whole file, through the descriptor that is then parsed, before any of it is parsed.
+over the whole file, streamed once from the descriptor, before any of it is parsed; the header
+and the index that are parsed are the bytes of that stream (never read again), so a writer
+changing the file in place cannot get an unpinned index accepted. Only a regular file is
+opened, without blocking (a FIFO or a device is refused on the descriptor).
 """
 
 from __future__ import annotations
@@ -93,6 +96,41 @@ class Pin:
     recorded: bool = False  # recorded with the file (a bundle wheel): a mismatch is damage (BundleCorruptError)
 
 
+def _bundle_path(path: object) -> str:
+    """A bundle path as given to Bundle.open: a non-empty str (or os.PathLike of one) without NUL bytes."""
+    fix = "pass the bundle file's path as a string (NOJIT_BUNDLE=/path/to/bundle.nojit)"
+    if not isinstance(path, (str, os.PathLike)):
+        raise BundleError(f"bundle path {path!r:.80} is a {type(path).__name__}, not a path", fix=fix)
+    try:
+        text = os.fspath(path)
+    except TypeError:
+        text = None
+    if not isinstance(text, str):
+        raise BundleError(f"bundle path {path!r:.80} is not a text path", fix=fix)
+    if not text or "\0" in text:
+        raise BundleError(f"bundle path {text!r:.80} is empty or holds a NUL byte", fix=fix)
+    return text
+
+
+def _pin_of(expected_sha256: object, pin: object) -> Pin | None:
+    """The pin Bundle.open checks: expected_sha256 (a hex str) or pin (a Pin), not both; each type-checked."""
+    if pin is not None:
+        if not isinstance(pin, Pin) or not isinstance(pin.sha256, str):
+            raise BundleError(f"pin {pin!r:.80} is not a Pin with a str digest",
+                              fix="pass pin=Pin(\"<64 hex digits>\") or expected_sha256=\"<64 hex digits>\"")
+        if expected_sha256 is not None:
+            raise BundleError("both expected_sha256 and pin were given", fix="pass one of them")
+        _pin_digest(pin)
+        return pin
+    if expected_sha256 is None:
+        return None
+    if not isinstance(expected_sha256, str):
+        raise BundleError(f"expected_sha256={expected_sha256!r:.80} is a {type(expected_sha256).__name__}, not a str",
+                          fix="pass the 64 hex digits `sha256sum` prints for the bundle, as a string")
+    _pin_digest(Pin(expected_sha256))
+    return Pin(expected_sha256)
+
+
 class Bundle:
     """A bundle opened for reading: header and index validated, sections and cubins read at first use."""
 
@@ -111,11 +149,10 @@ class Bundle:
     def open(cls, path: str | os.PathLike[str], expected_sha256: str | None = None, pin: Pin | None = None) -> Bundle:
         """Open a bundle, checking header, index and layout. expected_sha256 (NOJIT_BUNDLE_SHA256) or pin (a
         bundle wheel's recorded digest) pins the whole file's digest, checked on the descriptor before parsing."""
-        path = os.fspath(path)
-        if pin is None and expected_sha256 is not None:
-            pin = Pin(expected_sha256)
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        path = _bundle_path(path)
+        pin = _pin_of(expected_sha256, pin)
+        try:  # never blocks: a FIFO or a device is refused on the descriptor (fstat) before anything is read
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise BundleError(
                 f"bundle {path} does not exist",
@@ -139,11 +176,17 @@ class Bundle:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise BundleError(f"bundle path {path} is a directory", fix="point NOJIT_BUNDLE at the bundle file")
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"bundle {path} is not a regular file ({_file_kind(st.st_mode)})",
+                              fix="point NOJIT_BUNDLE at the bundle file itself")
+        os.set_blocking(fd, True)
         size = st.st_size
         if pin is not None:
-            _check_pin(fd, size, path, pin)
-        header = _read_header(_pread(fd, HEADER.size, 0, path), path, size)
-        compressed = _pread(fd, header.index_length, header.index_offset, path)
+            head, compressed = _pinned_head_and_index(fd, size, path, pin)
+            header = _read_header(head, path, size)
+        else:
+            header = _read_header(_pread(fd, HEADER.size, 0, path), path, size)
+            compressed = _pread(fd, header.index_length, header.index_offset, path)
         if len(compressed) != header.index_length:
             raise BundleCorruptError(f"{path}: truncated index", fix=_FIX)
         if hashlib.sha256(compressed).digest() != header.index_sha256:
@@ -161,7 +204,7 @@ class Bundle:
 
     def entries(self, kernel: str) -> tuple[Entry, ...]:
         """The kernel's entries; its section is read and validated at the first call (thread-safe)."""
-        found = self._sections.get(kernel)
+        found = self._sections.get(kernel) if isinstance(kernel, str) else _not_a_name("kernel", kernel)
         if found is None:
             if kernel not in self.index.sections:
                 return ()
@@ -174,6 +217,8 @@ class Bundle:
     def entries_of_variant(self, kernel: str, variant: str) -> tuple[Entry, ...]:
         """One variant's entries of the kernel (a Triton server's exact entries at first use, its generic ones at
         its first miss), each validated as entries() would, when first asked for (thread-safe)."""
+        if not isinstance(kernel, str) or not isinstance(variant, str):
+            _not_a_name("kernel and variant", (kernel, variant))
         found = self._parts.get((kernel, variant))
         if found is None:
             if kernel not in self.index.sections:
@@ -229,7 +274,7 @@ class Bundle:
 
     def read_blob(self, sha256: str) -> bytes:
         """The raw cubin with this digest, decompressed and verified, read from the descriptor opened at open."""
-        ref = self.index.blobs.get(sha256)
+        ref = self.index.blobs.get(sha256) if isinstance(sha256, str) else _not_a_name("blob digest", sha256)
         if ref is None:
             raise BundleCorruptError(f"{self.path}: no blob {sha256[:12]}", fix=_FIX)
         if self._fd is None:
@@ -249,6 +294,10 @@ class Bundle:
         for sha in self.index.blobs:
             self.read_blob(sha)
         return len(self.index.blobs)
+
+
+def _not_a_name(what: str, value: object) -> Any:
+    raise BundleError(f"{what} {value!r:.80} is not a str", fix="pass the name as a str (a nojit bug if it came from nojit)")
 
 
 def _json(raw: bytes, what: str) -> Any:
@@ -281,26 +330,48 @@ def _pread(fd: int, length: int, offset: int, path: str) -> bytes:
         raise BundleError(f"{path}: cannot read {length} bytes at {offset}: {exc.strerror}", fix=_FIX) from None
 
 
-def _check_pin(fd: int, size: int, path: str, pin: Pin) -> None:
-    """The whole file's sha256 against the pinned digest, streamed from the descriptor that is then parsed
-    (no second open by path), before anything is parsed."""
-    want = pin.sha256.strip().lower()
-    if len(want) != 64 or not set(want) <= set("0123456789abcdef"):
-        raise BundleError(f"{pin.by}={pin.sha256!r} is not a sha256 hex digest",
-                          fix="set it to the 64 hex digits `sha256sum` prints for the deployed bundle")
+def _pinned_head_and_index(fd: int, size: int, path: str, pin: Pin) -> tuple[bytes, bytes]:
+    """The header and the compressed index, taken from the very bytes whose sha256 is checked against the pin.
+
+    The whole file is streamed once from the descriptor; the header and the index are kept out of that stream
+    as it is hashed, so a writer changing the file in place cannot have other bytes parsed than those that
+    matched the pin (sections and cubins read later are checked against the digests this index holds)."""
+    want = _pin_digest(pin)
     h = hashlib.sha256()
+    head = b""
+    index = bytearray()
+    start = end = -1  # the index's place, known once the header is in
     offset = 0
     while offset < size:
         chunk = _pread(fd, min(_HASH_CHUNK, size - offset), offset, path)
         if not chunk:
             break
         h.update(chunk)
+        if len(head) < HEADER.size:
+            head += chunk[:HEADER.size - len(head)]
+            if len(head) == HEADER.size:
+                _, _, _, moff, mlen, _, _ = HEADER.unpack(head)
+                start, end = moff, moff + mlen
+        if start >= 0 and offset + len(chunk) > start and offset < end:
+            index += chunk[max(start - offset, 0):end - offset]
         offset += len(chunk)
-    if h.hexdigest() != want:
+    got = h.hexdigest()
+    if got != want:
         if pin.recorded:
-            raise BundleCorruptError(f"{pin.by}: {path} has sha256 {h.hexdigest()[:16]}..., {pin.by} recorded "
+            raise BundleCorruptError(f"{pin.by}: {path} has sha256 {got[:16]}..., {pin.by} recorded "
                                      f"{want[:16]}... (the file was modified or damaged)", fix=pin.fix)
-        raise BundleMismatchError(f"bundle {path} has sha256 {h.hexdigest()}, {pin.by} pins {want}", fix=pin.fix)
+        raise BundleMismatchError(f"bundle {path} has sha256 {got}, {pin.by} pins {want}", fix=pin.fix)
+    return head, bytes(index)
+
+
+def _pin_digest(pin: Pin) -> str:
+    """The pinned digest, lower case; anything but 64 hex digits is refused (an empty pin is not "no pin")."""
+    raw = pin.sha256
+    want = raw.strip().lower() if isinstance(raw, str) else ""
+    if len(want) != 64 or not set(want) <= set("0123456789abcdef"):
+        raise BundleError(f"{pin.by}={raw!r:.80} is not a sha256 hex digest",
+                          fix="set it to the 64 hex digits `sha256sum` prints for the deployed bundle")
+    return want
 
 
 def _check_layout(index: Index, header: Header, size: int, path: str) -> None:
@@ -320,6 +391,14 @@ def _check_layout(index: Index, header: Header, size: int, path: str) -> None:
     if at != header.index_offset:
         raise BundleCorruptError(f"{path}: blobs and sections end at {at}, the index starts at {header.index_offset}",
                                  fix=_FIX)
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return f"mode {stat.S_IFMT(mode):#o}"
 
 
 def _read_header(raw: bytes, path: str, size: int) -> Header:

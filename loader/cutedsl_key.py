@@ -125,11 +125,17 @@ def key_text(key_json: Any) -> str:
 def source_hash(modules: list[Any]) -> str:
     """sha256 over the text of the vLLM modules that define the kernel (the owner's module first: its kernel
     body, launch and key; then the modules its kernel body is built from, as the kernel record lists them)."""
+    return source_hash_of_files([(m.__name__, m.__file__) for m in modules])
+
+
+def source_hash_of_files(files: list[tuple[str, str]]) -> str:
+    """source_hash over (module name, its file) pairs: the serving side hashes the files a record names without
+    importing them (installed_modules.module_file)."""
     h = hashlib.sha256()
-    for module in modules:
-        with open(module.__file__, "rb") as f:
+    for name, path in files:
+        with open(path, "rb") as f:
             data = f.read()
-        h.update(f"{module.__name__}\0{len(data)}\0".encode())
+        h.update(f"{name}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()
 

@@ -14,16 +14,15 @@ let vLLM's own compile run (record writes the key for `nojit build --add-keys`).
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 import tempfile
 import threading
 from typing import Any
 
 from nojit.loader.bundle_file import Bundle
-from nojit.loader.cutedsl_key import cache_slot, key_from_json, key_text, key_to_json, source_hash
+from nojit.loader.cutedsl_key import cache_slot, key_from_json, key_text, key_to_json, source_hash_of_files
 from nojit.loader.errors import BundleMismatchError, LaunchError
+from nojit.loader.installed_modules import module_file
 from nojit.loader.manifest import CuteLaunch, Entry, KernelRecord
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.settings import TOOL_FACTS
@@ -116,30 +115,45 @@ def check_tools(record: KernelRecord, bundle_path: str, allow: frozenset[str]) -
     check_tool_versions("cutedsl", built, f"kernel {record.id}", bundle_path, allow)
 
 
-def _source_modules(record: KernelRecord, owner: Any, bundle_path: str) -> list[Any]:
-    """The vLLM modules the record's source hash covers (owner's module first), imported."""
-    names = record.info.get("sources") or [type(owner).__module__]
-    if (not isinstance(names, list) or names[0] != type(owner).__module__
-            or not all(isinstance(n, str) and n.startswith("vllm.") and all(p.isidentifier() for p in n.split("."))
-                       for n in names)):
+MAX_SOURCES = 64  # modules one record's source hash may cover (real records list a handful)
+SOURCE_PACKAGES = ("vllm",)  # whose installed files a record's source list may name
+
+
+def _source_files(record: KernelRecord, names: Any, bundle_path: str) -> list[tuple[str, str]]:
+    """The vLLM modules the record's source hash covers (the owner's module first) and their installed files,
+    each checked against vLLM's RECORD and found without importing it: bundle data makes nothing run."""
+    if not isinstance(names, list) or not 0 < len(names) <= MAX_SOURCES or not all(isinstance(n, str) for n in names):
         raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path}: its source list {str(names)[:200]} "
-                                  "does not start with the owner's vLLM module", fix="rebuild the bundle with `nojit build`")
-    return [sys.modules.get(n) or importlib.import_module(n) for n in names]
+                                  f"is not a list of at most {MAX_SOURCES} vLLM modules",
+                                  fix="rebuild the bundle with `nojit build`")
+    return [(n, module_file(f"kernel {record.id} in bundle {bundle_path}: source", n, SOURCE_PACKAGES)) for n in names]
 
 
 def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow: frozenset[str],
             resolve: Any) -> dict[str, CuteKernelServer]:
-    """A server on each bundled owner's `compile` (instance attribute: this owner only)."""
+    """A server on each bundled owner's `compile` (instance attribute: this owner only). A record's tools, source
+    list and source hash (over the installed files it names, none imported) are checked before its owner is
+    resolved; a record without a source list covers the owner's module, hashed once the owner is found."""
     servers: dict[str, CuteKernelServer] = {}
     for kid in kernel_ids:
         record = bundle.index.kernels[kid]
+        check_tools(record, bundle.path, allow)
+        listed = record.info.get("sources")
+        files = _source_files(record, listed, bundle.path) if listed is not None else None
+        if files is not None:
+            check_source(kid, record.source_hash, source_hash_of_files(files), bundle.path, allow)
         owner = resolve(kid)
         if not isinstance(getattr(owner, "_compiled_cache", None), dict) or not callable(getattr(owner, "compile", None)):
             raise BundleMismatchError(f"kernel {kid} is not a vLLM CuTeDSL owner in this process",
                                       fix="rebuild the bundle against the installed vLLM")
-        check_source(kid, record.source_hash, source_hash(_source_modules(record, owner, bundle.path)), bundle.path,
-                     allow)
-        check_tools(record, bundle.path, allow)
+        own = type(owner).__module__
+        if files is None:
+            files = _source_files(record, [own], bundle.path)
+            check_source(kid, record.source_hash, source_hash_of_files(files), bundle.path, allow)
+        elif files[0][0] != own:
+            raise BundleMismatchError(f"kernel {record.id} in bundle {bundle.path}: its source list starts with "
+                                      f"{files[0][0]}, not the owner's module {own}",
+                                      fix="rebuild the bundle with `nojit build`")
         server = CuteKernelServer(kid, owner, record, bundle.entries(kid), bundle, policy)
         owner.compile = server.compile
         servers[kid] = server

@@ -17,13 +17,14 @@ A bundle without a toolchain record: the stand-ins answer with the versions the 
 refuses its version probe too (exit 127, "no recorded version"), which FlashInfer and Triton
 treat as an absent tool.
 
-Where the stand-ins live: <runtime dir>/fw-<pid>-<random>/ (mkdtemp: created atomically, mode
-0700), where <runtime dir> is $XDG_RUNTIME_DIR/nojit if that exists, else <tmp>/nojit-<uid>
+Where the stand-ins live: <runtime dir>/toolkit-<digest>/ (built under a temporary name, mode 0700,
+and renamed into place whole; shared by every process of this user with the same toolchain, never removed, so
+a child that outlives its parent still finds it), where <runtime dir> is $XDG_RUNTIME_DIR/nojit if that exists, else <tmp>/nojit-<uid>
 (0700, must be owned by this user). The folder is also a fake CUDA toolkit root: bin/ holds the
 stand-ins, nvvm/bin/cicc is one, and every other entry of the real toolkit (include, lib64,
 targets, nvvm/libdevice, version.json, ...) is a symlink to it, so libraries that read headers
 or libraries through CUDA_HOME keep working. Child processes inherit the environment
-(NOJIT_FIREWALL_DIR names the folder) and reuse it; the process that made it removes it at exit.
+(NOJIT_FIREWALL_DIR names the folder) and reuse it.
 
 Variables pointed at the firewall (read from the installed vLLM 0.33.0 and its dependencies;
 paths relative to site-packages):
@@ -54,7 +55,6 @@ hook in guards.py whatever the path).
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
@@ -312,20 +312,59 @@ def _write_answers(fw: str, toolchain: dict) -> tuple[str, ...]:
     return tuple(sorted(answered))
 
 
-def _build(fw: str, toolchain: dict, log: str) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
-    """This process's firewall folder: bin/, nvvm/bin/ and the script link to the shared stand-ins
-    (_stand_ins), the real toolkit is mirrored around them, and the mark is written last."""
+def _build(toolchain: dict, log: str) -> tuple[str, tuple[str, ...], tuple[str, ...], str | None]:
+    """The firewall folder (a fake CUDA toolkit root): bin/, nvvm/bin/ and the script link to the shared stand-ins
+    (_stand_ins), the real toolkit is mirrored around them, and the mark is written last. Named by the digest of
+    all it holds and never removed, like the stand-ins: a child that outlives the process that made it (an orphan)
+    still finds every stand-in at the paths its environment names, so it can never fall through to a real compiler
+    on PATH. Built under a temporary name and renamed into place whole."""
+    import hashlib
+
     names = stand_in_names()
     real = _real_toolkit()
     shared, answered = _stand_ins(names, toolchain, log)
-    os.makedirs(os.path.join(fw, "nvvm"))
-    os.symlink(os.path.join(shared, "bin"), os.path.join(fw, "bin"))
-    os.symlink(os.path.join(shared, "nvvm-bin"), os.path.join(fw, "nvvm", "bin"))
-    os.symlink(os.path.join(shared, "nojit-stand-in"), os.path.join(fw, "nojit-stand-in"))
-    _mirror(real, fw)
-    with open(os.path.join(fw, _MARK), "w") as f:
-        f.write(f"{os.getpid()}\n")
-    return names, answered, real
+    listing = _toolkit_listing(real)
+    digest = hashlib.sha256(json.dumps([shared, real, listing]).encode()).hexdigest()
+    fw = os.path.join(runtime_dir(), f"toolkit-{digest[:32]}")
+    if _toolkit_complete(fw, digest):
+        return fw, names, answered, real
+    tmp = tempfile.mkdtemp(prefix="toolkit-tmp-", dir=runtime_dir())
+    try:
+        os.makedirs(os.path.join(tmp, "nvvm"))
+        os.symlink(os.path.join(shared, "bin"), os.path.join(tmp, "bin"))
+        os.symlink(os.path.join(shared, "nvvm-bin"), os.path.join(tmp, "nvvm", "bin"))
+        os.symlink(os.path.join(shared, "nojit-stand-in"), os.path.join(tmp, "nojit-stand-in"))
+        _mirror(real, tmp)
+        with open(os.path.join(tmp, _MARK), "w") as f:
+            f.write(digest + "\n")
+        try:
+            os.rename(tmp, fw)
+            tmp = ""
+        except OSError:  # another process put it there first (or a stale one is in the way)
+            if not _toolkit_complete(fw, digest):
+                shutil.rmtree(fw, ignore_errors=True)
+                os.rename(tmp, fw)
+                tmp = ""
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return fw, names, answered, real
+
+
+def _toolkit_listing(real: str | None) -> list[list[str]]:
+    if real is None:
+        return []
+    nvvm = os.path.join(real, "nvvm")
+    return [sorted(e for e in os.listdir(real) if e not in ("bin", "nvvm")),
+            sorted(e for e in os.listdir(nvvm) if e != "bin") if os.path.isdir(nvvm) else []]
+
+
+def _toolkit_complete(fw: str, digest: str) -> bool:
+    try:
+        with open(os.path.join(fw, _MARK)) as f:
+            return f.read().strip() == digest and os.path.islink(os.path.join(fw, "bin"))
+    except OSError:
+        return False
 
 
 _COMPLETE = ".complete"
@@ -453,9 +492,7 @@ def activate(source: Any = None) -> FirewallReport:
         created = fw is None
         if created:
             toolchain, versions_from = _toolchain_of(source)
-            fw = tempfile.mkdtemp(prefix=f"fw-{os.getpid()}-", dir=runtime_dir())
-            names, answered, real = _build(fw, toolchain, log)
-            atexit.register(_remove_if_ours, fw, os.getpid())
+            fw, names, answered, real = _build(toolchain, log)
         else:
             names = tuple(sorted(os.listdir(os.path.join(fw, "bin"))))
             answers = os.path.join(os.path.dirname(os.path.realpath(os.path.join(fw, "bin"))), "answers")
@@ -495,13 +532,9 @@ def lowered_if_raises(fn: F) -> F:
     return call  # type: ignore[return-value]
 
 
-def _remove_if_ours(fw: str, pid: int) -> None:
-    if os.getpid() == pid:
-        shutil.rmtree(fw, ignore_errors=True)
-
-
 def deactivate() -> None:
-    """Take the firewall down (tests, uninstall): the variables get their old values; our folder is removed."""
+    """Take the firewall down (tests, uninstall): the variables get their old values. The folder stays (children
+    may still use it; it is shared by every process of this user with the same toolchain)."""
     global _active
     with _lock:
         report, _active = _active, None
@@ -512,5 +545,3 @@ def deactivate() -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        if report.created_here:
-            shutil.rmtree(report.root, ignore_errors=True)

@@ -25,7 +25,8 @@ from typing import Any
 
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
-from nojit.loader import firewall
+from nojit.loader import firewall, landlock
+from nojit.loader.driver_floor import check_driver
 from nojit.loader.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
 from nojit.loader.resolve import jit_function_of, resolve_installed
@@ -135,6 +136,7 @@ def install(
     object (default: import module, walk qualname). kernels limits the install to those ids.
     """
     global _current
+    _check_arguments(bundle_path, mode, resolver, allow_mismatch, record_file, kernels)
     with _lock:
         asked = {"bundle_path": bundle_path, "mode": mode, "resolver": resolver, "allow_mismatch": allow_mismatch,
                  "record_file": record_file, "kernels": kernels}
@@ -162,10 +164,15 @@ def install(
             bundle, path = wheel_bundle, wheel_bundle.path
         clock.step("open")
         if mode is Mode.STRICT:
-            firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
-        clock.step("firewall")
+            fw = firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
+            clock.step("firewall")
+            # the kernel's exec allow-list, inherited by every child and irreversible (loader/landlock.py)
+            landlock.enforce(os.path.join(fw.root, "nojit-stand-in"), firewall.runtime_dir())
+            clock.step("landlock")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         clock.step("versions")
+        check_driver(bundle.index, path, mode is Mode.STRICT, log.warning, log.info)  # before any cubin reaches the driver
+        clock.step("driver")
         recorder = None
         if mode is Mode.RECORD:
             recorder = KeyRecorder(record_file or settings.record_file or f"{os.path.abspath(path)}.keys.jsonl")
@@ -211,10 +218,9 @@ def install(
             inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
         clock.step("deepgemm")
         from nojit.loader.cuda_launch import launcher
-        from nojit.loader.versions import check_arch
         from nojit.loader.torch_cuda import device_capability
 
-        launcher().device_check = lambda device: check_arch(bundle.index, path, device_capability(device), allow)
+        launcher().device_check = lambda device: check_exact_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
             install_strict_guards()
         clock.step("guards")
@@ -241,6 +247,42 @@ class _Steps:
         now = time.perf_counter()
         self.steps[name] = (now - self._t) * 1e3
         self._t = now
+
+
+def _check_arguments(bundle_path: Any, mode: Any, resolver: Any, allow_mismatch: Any, record_file: Any,
+                     kernels: Any) -> None:
+    """install()'s arguments, type-checked before anything is done: a wrong one is a BundleError naming it."""
+    def refuse(name: str, value: Any, want: str) -> BundleError:
+        return BundleError(f"install({name}={value!r:.80}): a {type(value).__name__}, expected {want}",
+                           fix=f"pass {name} as {want}, or leave it out to use the environment's setting")
+
+    for name, value in (("bundle_path", bundle_path), ("record_file", record_file)):
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise refuse(name, value, "a path (str)")
+        if isinstance(value, str) and (not value or "\0" in value):
+            raise BundleError(f"install({name}={value!r:.80}): empty or holds a NUL byte", fix=f"pass {name} as a path")
+    if mode is not None:
+        choices = ", ".join(m.value for m in Mode)
+        if not isinstance(mode, Mode) and not (isinstance(mode, str) and mode in {m.value for m in Mode}):
+            raise BundleError(f"install(mode={mode!r:.80}) is not a mode", fix=f"pass one of: {choices}")
+    if resolver is not None and not callable(resolver):
+        raise refuse("resolver", resolver, "a callable mapping a kernel id to its object")
+    for name, value in (("allow_mismatch", allow_mismatch), ("kernels", kernels)):
+        if value is not None and (isinstance(value, (str, bytes)) or not isinstance(value, (set, frozenset, list, tuple))
+                                  or not all(isinstance(v, str) for v in value)):
+            raise refuse(name, value, "a set of str")
+
+
+def check_exact_arch(index: Any, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
+    """At a device's first launch: its capability (versions.check_arch), then every arch the bundle recorded."""
+    from nojit.loader.arch_fit import arch_problems
+    from nojit.loader.versions import check_arch
+
+    check_arch(index, path, capability, allow)
+    problems = arch_problems(index, capability)
+    if problems and "arch" not in allow:
+        raise BundleMismatchError(f"bundle {path} is not built for exactly this GPU: " + "; ".join(problems),
+                                  fix="rebuild the bundle for this GPU's architecture (one arch per bundle)")
 
 
 def _allowed_words(words: Any) -> frozenset[str]:

@@ -15,6 +15,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import stat
 from dataclasses import dataclass
 
 from nojit.loader.bundle_file import Bundle, Pin
@@ -23,6 +24,7 @@ from nojit.loader.packages import package_dirs
 
 ENTRY_POINT_GROUP = "nojit.bundles"
 BUNDLE_INFO = "bundle.json"  # inside the bundle wheel's package: {"file": name, "sha256": hex}
+_MAX_INFO_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -44,15 +46,39 @@ def installed_bundles() -> list[InstalledBundle]:
         if info_path is None or not os.path.isfile(info_path):
             raise BundleError(f"bundle wheel {dist}: package {ep.value} has no {BUNDLE_INFO}",
                               fix=f"reinstall it (`pip install --force-reinstall {dist}`) or rebuild it with `nojit package`")
-        try:
-            with open(info_path) as f:
-                info = json.load(f)
-            name, sha = info["file"], info["sha256"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise BundleCorruptError(f"bundle wheel {dist}: {info_path} is unreadable ({exc})",
-                                     fix=f"reinstall it (`pip install --force-reinstall {dist}`)") from None
-        found.append(InstalledBundle(dist, os.path.join(where, os.path.basename(name)), sha))
+        name, sha = _read_info(info_path, dist)
+        found.append(InstalledBundle(dist, os.path.join(where, name), sha))
     return sorted(found, key=lambda b: b.distribution)
+
+
+def _read_info(info_path: str, dist: str) -> tuple[str, str]:
+    """bundle.json's file name and sha256, each type-checked: a plain file name in the package folder and 64 hex
+    digits (a number, a list or a path there is damage, a BundleCorruptError naming the wheel and the field)."""
+    fix = f"reinstall it (`pip install --force-reinstall {dist}`) or rebuild it with `nojit package`"
+    try:
+        fd = os.open(info_path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BundleCorruptError(f"bundle wheel {dist}: {info_path} is not a regular file", fix=fix)
+            raw = os.read(fd, _MAX_INFO_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > _MAX_INFO_BYTES:
+            raise BundleCorruptError(f"bundle wheel {dist}: {info_path} is over {_MAX_INFO_BYTES} bytes", fix=fix)
+        info = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BundleCorruptError(f"bundle wheel {dist}: {info_path} is unreadable ({type(exc).__name__})", fix=fix) from None
+    if not isinstance(info, dict):
+        raise BundleCorruptError(f"bundle wheel {dist}: {info_path} is a JSON {type(info).__name__}, not an object",
+                                 fix=fix)
+    name, sha = info.get("file"), info.get("sha256")
+    if not isinstance(name, str) or name in ("", ".", "..") or name != os.path.basename(name) or "\0" in name:
+        raise BundleCorruptError(f"bundle wheel {dist}: {info_path} field 'file' is {name!r:.80}, "
+                                 "not the bundle's file name", fix=fix)
+    if not isinstance(sha, str) or len(sha) != 64 or not set(sha.lower()) <= set("0123456789abcdef"):
+        raise BundleCorruptError(f"bundle wheel {dist}: {info_path} field 'sha256' is {sha!r:.80}, "
+                                 "not 64 hex digits", fix=fix)
+    return name, sha.lower()
 
 
 def file_sha256(path: str) -> str:
@@ -77,6 +103,9 @@ def open_installed_bundle(env_pin: str | None = None) -> Bundle | None:
     """The one installed bundle wheel's bundle, opened with the sha256 the wheel recorded as its pin (checked on
     the descriptor that is then parsed); None if no bundle wheel is installed. env_pin (NOJIT_BUNDLE_SHA256), if
     set, must name the same digest."""
+    if env_pin is not None and not isinstance(env_pin, str):
+        raise BundleError(f"env_pin={env_pin!r:.80} is a {type(env_pin).__name__}, not a str",
+                          fix="pass NOJIT_BUNDLE_SHA256's 64 hex digits as a string, or None")
     found = default_installed_bundle()
     if found is None:
         return None

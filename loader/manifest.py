@@ -228,6 +228,20 @@ class SectionRef:
 MAX_SECTION_BYTES = 16 << 20  # one kernel's entries, raw JSON (the largest real one is ~200 KB)
 
 
+# Scratch Triton asks for per program (global: in-kernel TMA descriptors and the like, a few hundred bytes; profile:
+# proton only). The launcher allocates grid * num_ctas * size bytes per launch through torch: a bundle must not
+# make that 2^40 per program (1 MiB is far above any real kernel and above a Hopper SM's shared memory).
+MAX_SCRATCH_BYTES = 1 << 20
+MAX_SCRATCH_ALIGN = 1 << 20
+
+
+def _align(f: _Fields, name: str) -> int:
+    value = f.int(name, 1, MAX_SCRATCH_ALIGN)
+    if value & (value - 1):
+        raise f._bad(name, f"= {value} is not a power of two")
+    return value
+
+
 @dataclass(frozen=True)
 class TritonLaunch:
     """How to launch one Triton cubin (mirrors what Triton's own launcher reads from metadata)."""
@@ -281,10 +295,10 @@ class TritonLaunch:
             num_ctas=f.int("num_ctas", 1, 16),
             cluster_dims=(cluster[0], cluster[1], cluster[2]),
             shared=f.int("shared", 0, 1 << 20),
-            global_scratch_size=f.int("global_scratch_size", 0, 1 << 40),
-            global_scratch_align=f.int("global_scratch_align", 1, 1 << 20),
-            profile_scratch_size=f.int("profile_scratch_size", 0, 1 << 40),
-            profile_scratch_align=f.int("profile_scratch_align", 1, 1 << 20),
+            global_scratch_size=f.int("global_scratch_size", 0, MAX_SCRATCH_BYTES),
+            global_scratch_align=_align(f, "global_scratch_align"),
+            profile_scratch_size=f.int("profile_scratch_size", 0, MAX_SCRATCH_BYTES),
+            profile_scratch_align=_align(f, "profile_scratch_align"),
             launch_pdl=f.get("launch_pdl", bool),
             launch_cooperative_grid=f.get("launch_cooperative_grid", bool),
             args=tuple(parsed_args),

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import Generic, TypeVar
 
-from nojit.loader.errors import NoJitError
+from nojit.loader.errors import BundleError, NoJitError
 
 T = TypeVar("T")
 
@@ -64,6 +64,26 @@ class _Str(_EnvSetting[str]):
 class _OptionalPath(_EnvSetting["str | None"]):
     def parse(self, raw: str) -> str | None:
         return os.path.expanduser(raw)
+
+
+class _Sha256(_EnvSetting["str | None"]):
+    """A pinned sha256: unset is no pin; set, it must be 64 hex digits (set but empty is an error, never "unset",
+    so a deployment that meant to pin and lost the value does not run unpinned)."""
+
+    def __get__(self, obj: object, objtype: type | None = None) -> str | None:  # type: ignore[override]
+        if obj is None:
+            return self  # type: ignore[return-value]
+        raw = os.environ.get(self.name)
+        return None if raw is None else self.parse(raw)
+
+    def parse(self, raw: str) -> str:
+        value = raw.strip().lower()
+        if len(value) != 64 or not set(value) <= set("0123456789abcdef"):
+            what = "set but empty" if not value else f"{raw!r:.80} is not a sha256 hex digest"
+            raise BundleError(f"{self.name} is {what}" if not value else f"{self.name}={what}",
+                              fix=f"set {self.name} to the 64 hex digits `sha256sum` prints for the deployed bundle, "
+                              "or unset it to serve without a pin")
+        return value
 
 
 class _Bool(_EnvSetting[bool]):
@@ -118,8 +138,9 @@ class Settings:
         "Default: none (refuse any mismatch).",
         MISMATCH_FACTS,
     )
-    bundle_sha256 = _Str(
-        "NOJIT_BUNDLE_SHA256", None, "sha256 the bundle file must have; checked before anything in it is parsed."
+    bundle_sha256 = _Sha256(
+        "NOJIT_BUNDLE_SHA256", None,
+        "sha256 the bundle file must have; checked before anything in it is parsed (set but empty is an error)."
     )
     event_log = _OptionalPath(
         "NOJIT_EVENT_LOG", None,
@@ -132,6 +153,12 @@ class Settings:
     dlpack = _Bool("NOJIT_DLPACK", True,
                    "The C launch path reads tensors and torch's current stream through torch's DLPack C exchange API "
                    "where torch has one (off: through torch's Python API).")
+    landlock = _Bool("NOJIT_LANDLOCK", True,
+                     "Strict mode restricts execution with Linux Landlock: no compiler can be executed by this process "
+                     "or its children (loader/landlock.py). Off: the audit hook and the PATH stand-ins only.")
+    exec_allow = _Str("NOJIT_EXEC_ALLOW", None,
+                      "Extra folders (os.pathsep-separated) whose files strict mode's exec allow-list lets run, "
+                      "compilers excepted; each must be writable by no other user.")
 
 
 settings = Settings()

@@ -29,7 +29,7 @@ from typing import Any
 from nojit.loader.bundle_file import Bundle
 from nojit.loader.cuda_launch import BundledFunction
 from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError, LaunchError, NoJitError
-from nojit.loader.launch_expr import evaluate
+from nojit.loader.launch_expr import check_geometry, evaluate
 from nojit.loader.manifest import Entry, KernelRecord, TileLangLaunch
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.settings import Mode, settings
@@ -76,7 +76,10 @@ class TileLangVariant(BundledFunction):
     def _dims(self, exprs: tuple, values: dict[str, int]) -> tuple[int, int, int]:
         if self._simple_geometry:
             return tuple(e if isinstance(e, int) else values[e["var"]] for e in exprs)  # type: ignore[return-value]
-        return tuple(evaluate(e, values) for e in exprs)  # type: ignore[return-value]
+        try:
+            return tuple(evaluate(e, values) for e in exprs)  # type: ignore[return-value]
+        except LaunchError as exc:
+            raise LaunchError(f"{self.where()}: {exc.message} (values {values})", fix=exc.fix) from None
 
     def check(self, tensors: tuple[Any, ...]) -> None:
         """TileLang's host-side checks that matter for memory safety: dtype, rank, contiguity."""
@@ -118,9 +121,11 @@ class TileLangVariant(BundledFunction):
         self.check(tensors)
         values = {name: tensors[i].shape[dim] for name, i, dim in self._vars}
         grid = self._dims(self.launch.grid, values)
+        check_geometry(grid, None, self.where())
         if not (grid[0] and grid[1] and grid[2]):
             return
         block = self._dims(self.launch.block, values)
+        check_geometry(grid, block, self.where())
         try:
             device = current_device()
         except RuntimeError as exc:

@@ -12,6 +12,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_GPU = os.path.exists("/dev/nvidiactl")
 
+# Landlock is irreversible: the test process itself never restricts itself (its later tests build with gcc and
+# nvcc); the processes tests start do, in strict mode (loader/landlock.py).
+from nojit.loader import landlock as _landlock  # noqa: E402
+
+_landlock.exempt_this_process()
+
 if not HAS_GPU:
     # vLLM keeps real Triton JITFunctions without a driver only with an empty device list.
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")

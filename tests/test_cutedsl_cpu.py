@@ -135,7 +135,7 @@ def test_source_change_is_refused(cute_build, tmp_path):
         "import sys; from nojit.loader.install import install\n"
         "from nojit.loader.errors import BundleMismatchError\n"
         "import nojit.loader.cutedsl_serving as s\n"
-        "s.source_hash = lambda m: '0' * 64\n"
+        "s.source_hash_of_files = lambda files: '0' * 64\n"
         f"try:\n    install({cute_build['bundle']!r}, mode='permissive', kernels={{{kid!r}}})\n"
         "except BundleMismatchError as e:\n    print('REFUSED', e.message)\n"
     )

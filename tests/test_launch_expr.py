@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nojit.loader.errors import LaunchError
 from nojit.loader.launch_expr import evaluate, free_variables, validate_expr
 
 GRID = {"op": "//", "args": [{"op": "+", "args": [{"var": "num_tokens"}, 1]}, 2]}
@@ -33,9 +34,14 @@ def test_depth_is_bounded():
 
 
 def test_results_must_fit_a_grid_axis():
-    with pytest.raises(ValueError, match="outside"):
+    """Negative, past 2^32 or dividing by zero at launch: a LaunchError (was a raw ValueError)."""
+    with pytest.raises(LaunchError, match="outside"):
         evaluate({"op": "-", "args": [{"var": "n"}, 5]}, {"n": 1})
-    with pytest.raises(ValueError, match="division by zero"):
+    with pytest.raises(LaunchError, match="outside"):
+        evaluate({"op": "*", "args": [{"var": "n"}, 1 << 40]}, {"n": 3})
+    with pytest.raises(LaunchError, match="division by zero"):
+        evaluate({"op": "%", "args": [1, {"var": "n"}]}, {"n": 0})
+    with pytest.raises(LaunchError, match="division by zero"):
         evaluate({"op": "//", "args": [1, {"var": "n"}]}, {"n": 0})
 
 

@@ -44,7 +44,7 @@ def test_installed_names_live_under_the_nojit_namespace(tmp_path):
 # rows every model shares, a layer below the model rooms (they import it, it imports none of them).
 AOT_LAYERS = (
     ("machinery", ("data", "errors", "progress", "target", "vllm_env", "deployment", "bundle_writer", "plan", "faces", "pool",
-                   "reproducible", "ray_pool", "compile_cache")),
+                   "reproducible", "ray_pool", "compile_cache", "build_log", "compile_times")),
     ("runtime rooms", ("runtimes.*",)),
     ("runtime registry", ("runtimes",)),
     ("shared model rows", ("models.runner", "models.runner.*")),  # what every model room shares (vLLM's runners)

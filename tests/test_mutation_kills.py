@@ -174,8 +174,8 @@ def test_manifest_records_are_frozen():
 
 
 @pytest.mark.parametrize("name, lo, hi", [
-    ("num_warps", 1, 32), ("num_ctas", 1, 16), ("shared", 0, 1 << 20), ("global_scratch_size", 0, 1 << 40),
-    ("global_scratch_align", 1, 1 << 20), ("profile_scratch_size", 0, 1 << 40), ("profile_scratch_align", 1, 1 << 20),
+    ("num_warps", 1, 32), ("num_ctas", 1, 16), ("shared", 0, 1 << 20), ("global_scratch_size", 0, 1 << 20),
+    ("global_scratch_align", 1, 1 << 20), ("profile_scratch_size", 0, 1 << 20), ("profile_scratch_align", 1, 1 << 20),
 ])
 def test_triton_launch_ranges_at_both_ends(tmp_path, name, lo, hi):
     """The ranges the schema documents (csrc and the driver get nothing outside them), at both ends."""
@@ -186,6 +186,22 @@ def test_triton_launch_ranges_at_both_ends(tmp_path, name, lo, hi):
             assert _open_all(tmp_path, m).entries("vllm.m:k")[0].launch.__dict__[name] == value
         else:
             _refused(tmp_path, m, rf"launch.{name} = {value} is outside \[{lo}, {hi}\]")
+
+
+@pytest.mark.parametrize("name, value, match", [
+    ("global_scratch_size", 1 << 40, "outside"), ("profile_scratch_size", 1 << 40, "outside"),
+    ("global_scratch_size", (1 << 20) + 1, "outside"), ("global_scratch_align", 3, "not a power of two"),
+    ("profile_scratch_align", 48, "not a power of two"),
+])
+def test_scratch_sizes_are_capped_when_the_kernel_is_read(tmp_path, name, value, match):
+    """A scratch size of 2^40 per program was accepted (and handed to torch's allocator at launch, times the
+    grid); it is refused with the entry, when the kernel's section is read, before any launch can use it."""
+    m, _ = valid()
+    m["entries"][0]["launch"][name] = value
+    _refused(tmp_path, m, rf"launch.{name} = {value} is {match}")
+    m, _ = valid()
+    m["entries"][0]["launch"][name] = 1 << 10  # control: a real-sized value is served
+    assert _open_all(tmp_path, m).entries("vllm.m:k")[0].launch.__dict__[name] == 1 << 10
 
 
 def test_a_flashinfer_module_entry_is_keyed_by_its_module_name(tmp_path):

@@ -321,17 +321,19 @@ def test_expression_shapes_that_used_to_escape(bad):
 
 
 def test_expression_evaluation_bounds():
+    from nojit.loader.errors import LaunchError
+
     validate_expr(1 << 62, set())
     validate_expr(-(1 << 62), set())
     for bad in ((1 << 62) + 1, -(1 << 62) - 1):
         with pytest.raises(ValueError, match="out of range"):
             validate_expr(bad, set())
-    with pytest.raises(ValueError, match="outside"):
+    with pytest.raises(LaunchError, match="outside"):
         evaluate({"op": "-", "args": [0, 1]}, {})
     assert evaluate(0, {}) == 0
     assert evaluate({"op": "select", "args": [{"var": "n"}, 2, 3]}, {"n": 0}) == 3
     assert evaluate({"op": "select", "args": [{"var": "n"}, 2, 3]}, {"n": 5}) == 2
-    with pytest.raises(ValueError):
+    with pytest.raises(LaunchError):
         evaluate(1 << 32, {})
     assert evaluate((1 << 32) - 1, {}) == (1 << 32) - 1
 
@@ -385,8 +387,9 @@ def test_cutedsl_tool_versions_are_a_row_of_the_one_allow_table(monkeypatch, cap
 
 def test_package_location_is_one_function_its_three_users_share(tmp_path, monkeypatch):
     """"Where is package X installed" is packages.package_dirs for a bundle wheel's package (installed_bundles),
-    a tool's dist-info (versions) and vLLM's files (resolve): a package planted first on sys.path moves all three."""
-    from nojit.loader import installed_bundles, packages, resolve, versions
+    a tool's dist-info (versions) and vLLM's files (installed_modules): a package planted first on sys.path moves
+    all three."""
+    from nojit.loader import installed_bundles, installed_modules, packages, versions
 
     pkg = tmp_path / "nojit_probe_pkg"
     pkg.mkdir()
@@ -398,10 +401,10 @@ def test_package_location_is_one_function_its_three_users_share(tmp_path, monkey
     monkeypatch.syspath_prepend(str(tmp_path))
     assert packages.package_dirs("nojit_probe_pkg") == (str(pkg),) and "nojit_probe_pkg" not in sys.modules
     assert packages.package_dirs("nojit_no_such_pkg") == () and packages.package_dirs("os") == ()  # a plain module
-    assert versions.dist_info_dir is packages.dist_info_dir and resolve.dist_info_dir is packages.dist_info_dir
+    assert versions.dist_info_dir is packages.dist_info_dir and installed_modules.dist_info_dir is packages.dist_info_dir
     assert versions.installed_version("nojit_probe_pkg") == "1.2.3"
-    assert resolve._is_installed_file("nojit_probe_pkg", str(pkg / "__init__.py"))
-    assert not resolve._is_installed_file("nojit_probe_pkg", str(tmp_path / "elsewhere.py"))
+    assert installed_modules.is_installed_file("nojit_probe_pkg", str(pkg / "__init__.py"))
+    assert not installed_modules.is_installed_file("nojit_probe_pkg", str(tmp_path / "elsewhere.py"))
     assert installed_bundles.package_dirs is packages.package_dirs
     assert "nojit_probe_pkg" not in sys.modules
 

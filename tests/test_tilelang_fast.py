@@ -297,3 +297,35 @@ def test_c_and_python_paths_reach_the_stand_in_driver_identically(tmp_path):
         assert c_line == py_line
     assert lines[0].startswith("grid=1,1,1 block=128,1,1 smem=10240 stream=99 nattrs=1 attrs=6:1,")
     assert lines[6].startswith("grid=7,12,8 ") and lines[6].endswith(",0000000000000007,00000008")
+
+
+@pytest.mark.parametrize("grid, block, why", [
+    (({"op": "-", "args": [{"var": "split_k"}, 9]}, 1, 1), (128, 1, 1), "outside \\[0, 2\\^32\\)"),  # negative
+    (({"op": "*", "args": [{"var": "num_tokens"}, 1 << 40]}, 1, 1), (128, 1, 1), "outside"),  # past 2^32
+    (({"op": "//", "args": [{"var": "num_tokens"}, {"op": "-", "args": [{"var": "split_k"}, 3]}]}, 1, 1), (128, 1, 1),
+     "division by zero"),
+    (({"op": "*", "args": [{"var": "num_tokens"}, 1 << 28]}, 1, 1), (128, 1, 1), "x = .* is outside \\[0, 2147483647\\]"),
+    ((1, {"op": "*", "args": [{"var": "num_tokens"}, 20000]}, 1), (128, 1, 1), "y = .* is outside \\[0, 65535\\]"),
+    ((1, 1, 1), ({"op": "*", "args": [{"var": "num_tokens"}, 512]}, 1, 1), "block .* x = .* outside \\[1, 1024\\]"),
+    ((1, 1, 1), (1, 1, {"op": "*", "args": [{"var": "split_k"}, 32]}), "z = 96 is outside \\[1, 64\\]"),
+    ((1, 1, 1), ({"op": "-", "args": [{"var": "split_k"}, 3]}, 1, 1), "x = 0 is outside \\[1, 1024\\]"),
+    ((1, 1, 1), (512, {"op": "+", "args": [{"var": "split_k"}, 0]}, 1), "more than 1024 threads"),
+])
+def test_launch_sizes_out_of_range_are_a_launch_error_on_both_paths(grid, block, why, monkeypatch):
+    """Negative, overflowing, zero-dividing or past CUDA's grid/block limits at launch (num_tokens 8, split_k 3):
+    C declines and the Python path raises LaunchError (it raised a raw ValueError, or passed 2^40 to the driver)."""
+    from nojit.loader.errors import LaunchError
+
+    launch = fused_launch(grid)
+    launch = TileLangLaunch(launch.symbol, launch.params, launch.tensor_params, launch.dynamic_vars, grid, block, 0,
+                            False, None, False)
+    v = variant_for(launch)
+    tensors = (torch.empty(8, 8, dtype=torch.bfloat16), torch.empty(3, 4))
+    assert c_outcome(v, tensors) is None
+    py = python_outcome(v, tensors, monkeypatch)
+    assert isinstance(py, LaunchError) and py.fix, py
+    assert __import__("re").search(why, py.message), py.message
+    with pytest.raises(LaunchError):
+        v(tensors)  # the C path first, then the Python path
+    ok = variant_for(fused_launch(({"var": "num_tokens"}, 1, {"var": "split_k"})))  # control: in range, launched
+    assert c_outcome(ok, tensors)[1] == (8, 1, 3) == python_outcome(ok, tensors, monkeypatch)[1]

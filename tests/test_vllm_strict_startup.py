@@ -77,6 +77,8 @@ def run_scenario(tmp_path, registry_bundle, *extra: str, nojit: bool = True) -> 
     report["stderr"] = p.stderr
     programs = None
     if strace:
+        # an exec the kernel's allow-list refused (loader/landlock.py): nothing legitimate may be among them
+        report["exec_refused"] = [line for line in trace.read_text().splitlines() if "exec" in line and "EACCES" in line]
         programs = [(path, re.findall(r'"((?:[^"\\]|\\.)*)"', argv)) for path, argv in
                     re.findall(r'exec(?:ve|veat)\((?:\d+, )?"([^"]*)", \[(.*?)\]', trace.read_text())]
     return report, programs
@@ -125,12 +127,18 @@ def test_strict_warmup_with_empty_triton_cache_compiles_nothing(tmp_path, regist
     assert report["triton_cache_before"] == [] and report["triton_cache_after"] == []
     assert report["triton_real_driver_created"] is False
     assert "nojit[pid" in report["stderr"] and "mode strict" in report["stderr"]
+    from nojit.loader import landlock
+
+    if landlock.abi_version() is not None:  # the real startup path runs under the exec allow-list
+        assert "exec allow-list on (Landlock ABI" in report["stderr"], report["stderr"][-3000:]
+        print(*[line for line in report["stderr"].splitlines() if line.startswith("nojit[pid")], sep="\n")
     # strict mode's JIT block (loader/unserved.py): the registry bundle holds some runtimes, not all
     assert "JITs this process can reach that the bundle does not serve" in report["stderr"], report["stderr"][-3000:]
     if programs is None:
         pytest.skip("strace is not installed (apt-get install -y strace): the exec trace was not checked")
     compiles, probes = compiler_runs(programs, report)
     assert programs and compiles == [], compiles
+    assert report["exec_refused"] == [], report["exec_refused"]  # nothing legitimate refused by the kernel
     # Version probes of the real toolkit (Humming asks `$CUDA_HOME/bin/nvcc -V` at import) are not compiles;
     # with the compiler firewall they are answered by its stand-ins instead.
     print("version probes:", probes)

@@ -45,6 +45,12 @@
 #            against CuTeDSL's C runtime and TVM-FFI (the wheel of .device-cu installed into a temporary target), loaded with
 #            tvm_ffi, called as vLLM calls it vs vLLM's Triton paths / float64 references, 0 processes, 0 compiles
 #            (tests/gpu/check_cutedsl_launch.py); needs .device-cu carried (`python tools/prepare_cutedsl_device.py`)
+#   one      one strict process, every runtime of one bundle (tests/gpu/check_one_process.py; issue 23): the Triton
+#            entries built here from the plan and merged with .device-one/rest.nojit, the JIT reference of vLLM's call
+#            sites (an empty Triton cache: the Triton JIT's time), CuTeDSL's objects linked here (harness, before), then
+#            the process with the C guard preloaded, no compiler on PATH, CUDA_DISABLE_PTX_JIT=1; the negative control
+#            (one entry removed: refused at preflight) and DeepGEMM's JIT on a seeded sample (nvcc here); needs the
+#            payload of tools/prepare_one_device.py (this repository copy is its repo/ folder)
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -228,6 +234,49 @@ PY
         --dir .device-cu --json "$OUT/check_cutedsl_launch.json" 2>&1 | tail -50 || rc=1
       [ -f "$OUT/cutedsl.strace" ] && echo "processes started during the CuTeDSL calls (execve between the check's markers):" \
         "$(awk '/nojit-cutedsl-calls-begin/{on=1} /nojit-cutedsl-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/cutedsl.strace")"
+      ;;
+    one)  # this copy is OUT/repo of tools/prepare_one_device.py
+      S=/tmp/one-site; rm -rf $S && mkdir -p $S
+      [ -f .device-fi/flashinfer_py.tar.xz ] && { tar -xJf .device-fi/flashinfer_py.tar.xz -C $S || rc=1; }
+      WHEELS=$(ls .device-fi/wheels/*.whl .device-cu/wheels/*.whl .device-hg/wheels/*.whl 2>/dev/null | awk -F/ '!seen[$NF]++')
+      [ -n "$WHEELS" ] && { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S $WHEELS || rc=1; }
+      [ -f .device-dg/deep_gemm.tar.xz ] && { tar -xJf .device-dg/deep_gemm.tar.xz -C .device-dg || rc=1; }
+      ${CC:-cc} -shared -fPIC -O2 -o $S/libnojit_exec_guard.so tests/gpu/exec_guard.c -ldl || rc=1
+      chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null
+      # DeepGEMM's generated kernels compiled here with nojit's command line (a build step, before the process)
+      [ -f .device-dg/src/sources.json ] && { python3 tests/gpu/check_one_process.py --role deepgemm-build 2>&1 | tail -3 || rc=1; }
+      T0=$(date +%s%N)
+      build_triton $W/one.nojit --merge .device-one/rest.nojit 2>&1 | tail -4 || rc=1
+      echo "triton entries built here from the plan and merged with .device-one/rest.nojit in $(( ($(date +%s%N) - T0) / 1000000 )) ms"
+      python3 -m nojit.aot.cli inspect $W/one.nojit 2>&1 | head -14
+      # the JIT reference of vLLM's call sites, Triton's JIT from an empty cache (also the JIT side of the table)
+      T0=$(date +%s%N)
+      TRITON_CACHE_DIR=$(mktemp -d) python3 tests/gpu/check_call_sites.py --child jit --vllm-src .device/vllm_src \
+        --seed 1 --out $W/jit.json --replay $W/jit_writes.pt 2>&1 | tail -5 || rc=1
+      echo "call-site JIT reference run (empty Triton cache): $(( ($(date +%s%N) - T0) / 1000000 )) ms"
+      python3 -c "import json; j=json.load(open('$W/jit.json')); print('JIT run:', len(j['compiles']), 'Triton compiles,', round(j['seconds'], 1), 's of steps')" || rc=1
+      [ -f .device-cu/manifest.json ] && { PYTHONPATH=$S:$PYTHONPATH python3 tests/gpu/check_one_process.py --role cutedsl-link \
+        --bundle $W/one.nojit --cutedsl-work $W/cute 2>&1 | tail -3 || rc=1; }
+      mkdir -p $W/nocc
+      for t in sh bash env uname cat ls ldconfig nvidia-smi python3; do p=$(PATH=$PATH:/sbin:/usr/sbin command -v $t) && ln -sf "$p" $W/nocc/$t; done
+      CU13=$(python3 -c "import nvidia, os; print(next(d for p in nvidia.__path__
+        if os.path.exists(os.path.join(d := os.path.join(p, 'cu13', 'lib'), 'libcudart.so.13'))))" 2>/dev/null \
+        || echo /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib)
+      PY=$(command -v python3)
+      ONE_ENV=(env PATH=$W/nocc LD_LIBRARY_PATH=$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        PYTHONPATH=$S:.device-hg/site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 HUMMING_DISABLE_PARALLEL_BUILD=1
+        LD_PRELOAD=$S/libnojit_exec_guard.so)
+      "${ONE_ENV[@]}" $PY tests/gpu/check_one_process.py --bundle $W/one.nojit --plan .device-one/preflight.plan.json \
+        --jit-json $W/jit.json --seed 1 --cutedsl-work $W/cute --json "$OUT/check_one.json" 2>&1 | tail -150 || rc=1
+      EXPECT=$(python3 tests/gpu/check_one_process.py --role without --bundle $W/one.nojit --out $W/minus1.nojit --drop-entry 0)
+      echo "negative control: removed $EXPECT"
+      "${ONE_ENV[@]}" $PY tests/gpu/check_one_process.py --role negative --bundle $W/minus1.nojit \
+        --plan .device-one/preflight.plan.json --cutedsl-work $W/cute --expect "$EXPECT" 2>&1 | tail -12 || rc=1
+      [ -d .device-dg/deep_gemm/include/cute ] && { CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} timeout 200 python3 \
+        tests/gpu/check_one_process.py --role deepgemm-jit --plan .device-one/preflight.plan.json --sample "${DG_JIT_SAMPLE:-4}" --seed 7 \
+        --json "$OUT/deepgemm_jit.json" 2>&1 | tail -8 || rc=1; }
+      python3 tests/gpu/check_one_process.py --role table --json "$OUT/check_one.json" --jit-json $W/jit.json \
+        --plan .device-one/preflight.plan.json || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
       python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1

@@ -1,0 +1,244 @@
+"""Which files on this machine are compilers, by what they are, not by what they are called.
+
+Strict mode's execution allow-list (landlock.py) must leave every compiler out, including a copy
+or a link under another name. A compiler is found by name where compilers live (PATH, /usr/bin,
+/usr/local/cuda*/bin, /usr/lib/gcc/*/*, libexec, LLVM's bin folders, the Python environments'
+bin folders and every `bin`/`_native` folder of their site-packages: nvidia wheels, Triton's
+bundled ptxas, Humming's nvrtc_compile); its identity is then (dev, inode) and (size, sha256),
+so any other file with the same inode, or the same size and content, is a compiler too. Digests
+are computed only when a file's size equals a compiler's (rare), and kept per user in the
+runtime folder keyed by (path, size, mtime, inode), so a later process pays for none of them.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+from dataclasses import dataclass, field
+
+# a compiler's file name: optional target prefix, the tool, optional version suffix. The firewall's names
+# (firewall._COMPILER_NAME) plus the helpers a driver starts (cc1*, collect2, lto*), LLVM's code generators
+# and JIT, and Humming's NVRTC child.
+COMPILER_NAME = re.compile(
+    r"^(?:[A-Za-z0-9_]+(?:-[A-Za-z0-9_.]+)*?-)?"
+    r"(gcc|g\+\+|cc|c\+\+|cpp|clang|clang\+\+|clang-cl|nvcc|ptxas|cicc|nvlink|fatbinary|cudafe\+\+|ninja|"
+    r"ld(?:\.gold|\.bfd|\.lld|64\.lld)?|lld|as|cuobjdump|nvdisasm|cc1|cc1plus|cc1obj|cc1objplus|collect2|lto1|"
+    r"lto-wrapper|lto-dump|gfortran|f951|tcc|llc|lli|llvm-mc|llvm-lto2?|llvm-jitlink|nvrtc_compile)"
+    r"(?:-blackwell)?(?:-[0-9]+(?:\.[0-9]+)*)?$"
+)
+
+_SYSTEM_GLOBS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "/bin", "/sbin",
+                 "/usr/local/cuda*/bin", "/usr/local/cuda*/nvvm/bin", "/usr/lib/gcc/*/*", "/usr/lib/gcc-cross/*/*",
+                 "/usr/libexec/gcc/*/*", "/usr/lib/llvm-*/bin", "/usr/lib/ccache", "/opt/*/bin")
+_SITE_GLOBS = ("*/bin", "*/*/bin", "*/*/*/bin", "*/*/nvvm/bin", "*/*/*/nvvm/bin", "*/_native/*")
+CACHE_VERSION = 1
+
+
+def is_compiler_name(name: str) -> bool:
+    return COMPILER_NAME.match(os.path.basename(name)) is not None
+
+
+def site_packages() -> list[str]:
+    """The site-packages folders of this Python environment (and of the interpreter it was made from)."""
+    found = []
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        found += glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages"))
+        found += glob.glob(os.path.join(prefix, "lib", "python3*", "dist-packages"))
+    return list(dict.fromkeys(os.path.realpath(p) for p in found))
+
+
+def _site_folders(site: str) -> list[str]:
+    return [p for pattern in _SITE_GLOBS for p in glob.glob(os.path.join(site, pattern)) if os.path.isdir(p)]
+
+
+def _site_signature(site: str) -> list:
+    """What changes when a package is installed, upgraded or removed: the top-level entries' inodes and mtimes."""
+    sig = []
+    try:
+        with os.scandir(site) as it:
+            for e in it:
+                try:
+                    s = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                sig.append((e.name, s.st_ino, s.st_mtime_ns))
+    except OSError:
+        return []
+    return sorted(sig)
+
+
+def search_folders() -> list[str]:
+    """The folders compilers are looked for in by name (site-packages folders are added by `find`)."""
+    folders = [p for pattern in _SYSTEM_GLOBS for p in glob.glob(pattern)]
+    folders += [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(sys.executable)))):
+        folders.append(os.path.join(prefix, "bin"))
+    real = []
+    for p in folders:
+        r = os.path.realpath(p)
+        if os.path.isdir(r) and "/nojit-" not in r and "/stand-ins-" not in r:  # never our own stand-ins
+            real.append(r)
+    return list(dict.fromkeys(real))
+
+
+@dataclass
+class Compilers:
+    """Every compiler found: path -> (dev, inode, size, mtime_ns); digests filled in on demand."""
+
+    files: dict[str, tuple[int, int, int, int]]
+    folders: list[str]  # every folder a compiler was found in (real paths)
+    digests: dict[str, str] = field(default_factory=dict)  # path -> sha256, computed lazily
+    hashed: int = 0  # digests computed by this process (not read from the cache)
+
+    def __post_init__(self) -> None:
+        self.inodes = {(d, i) for d, i, _, _ in self.files.values()}
+        self.sizes: dict[int, list[str]] = {}
+        for path, (_, _, size, _) in self.files.items():
+            self.sizes.setdefault(size, []).append(path)
+
+    def is_compiler(self, path: str, st: os.stat_result | None = None) -> bool:
+        """Whether the file at `path` (a real path) is a compiler: by name, by inode, or by size and content."""
+        if is_compiler_name(path):
+            return True
+        st = st or os.stat(path)
+        if (st.st_dev, st.st_ino) in self.inodes:
+            return True
+        same_size = self.sizes.get(st.st_size)
+        if not same_size or not stat.S_ISREG(st.st_mode):
+            return False
+        digest = _sha256(path)
+        return digest is not None and any(self.digest_of(p) == digest for p in same_size)
+
+    def digest_of(self, path: str) -> str | None:
+        if path not in self.digests:
+            d = _sha256(path)
+            if d is None:
+                return None
+            self.digests[path] = d
+            self.hashed += 1
+        return self.digests[path]
+
+
+def _sha256(path: str) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def _scan(folders: list[str]) -> dict[str, tuple[int, int, int, int]]:
+    files: dict[str, tuple[int, int, int, int]] = {}
+    for folder in folders:
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        for name in entries:
+            if not COMPILER_NAME.match(name):
+                continue
+            real = os.path.realpath(os.path.join(folder, name))  # a link's target is the compiler (and is listed)
+            try:
+                s = os.stat(real)
+            except OSError:
+                continue
+            if stat.S_ISREG(s.st_mode):
+                files[real] = (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns)
+    return files
+
+
+def _folder_signature(folders: list[str]) -> list:
+    sig = []
+    for f in folders:
+        try:
+            s = os.stat(f)
+            sig.append((f, s.st_ino, s.st_mtime_ns))
+        except OSError:
+            sig.append((f, 0, 0))
+    return sig
+
+
+def find(cache_dir: str | None = None) -> Compilers:
+    """Every compiler of this machine and Python environment. With `cache_dir`, the result and the digests are
+    reused from <cache_dir>/compilers.json while the searched folders and site-packages' top level are unchanged."""
+    system = search_folders()
+    sites = site_packages()
+    key = {"version": CACHE_VERSION, "system": _folder_signature(system),
+           "sites": [[s, _site_signature(s)] for s in sites]}
+    key = json.loads(json.dumps(key))  # tuples as lists, as they come back from the file
+    cache_path = os.path.join(cache_dir, "compilers.json") if cache_dir else None
+    cached = read_private_json(cache_path)
+    if cached is not None and cached.get("key") == key:
+        files = {p: tuple(v) for p, v in cached["files"].items()}
+        if all(_unchanged(p, v) for p, v in files.items()):
+            comp = Compilers(files, cached["folders"], dict(cached.get("digests", {})))  # type: ignore[arg-type]
+            comp.cache_key = key  # type: ignore[attr-defined]
+            return comp
+    folders = system + [f for s in sites for f in _site_folders(s)]
+    files = _scan(folders)
+    found_in = sorted({os.path.dirname(p) for p in files})
+    digests = {p: d for p, d in (cached or {}).get("digests", {}).items()
+               if p in files and (cached or {}).get("files", {}).get(p) == list(files[p])}
+    comp = Compilers(files, found_in, digests)
+    comp.cache_key = key  # type: ignore[attr-defined]
+    save(comp, cache_dir)
+    return comp
+
+
+def save(comp: Compilers, cache_dir: str | None) -> None:
+    """Write the cache (digests included) atomically; a failure to write costs the next process time only."""
+    if not cache_dir:
+        return
+    path = os.path.join(cache_dir, "compilers.json")
+    data = {"key": getattr(comp, "cache_key", None), "files": {p: list(v) for p, v in comp.files.items()},
+            "folders": comp.folders, "digests": comp.digests}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def read_private_json(path: str | None) -> dict | None:
+    """A JSON object from a regular file of this user, opened without following a link; None otherwise."""
+    if not path:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        with os.fdopen(fd) as f:
+            fd = -1
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _unchanged(path: str, recorded: tuple) -> bool:
+    try:
+        s = os.stat(path)
+    except OSError:
+        return False
+    return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) == tuple(recorded)
