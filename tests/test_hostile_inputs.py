@@ -341,7 +341,7 @@ from nojit.loader.errors import BundleMismatchError
 from nojit.loader.resolve import resolve_installed
 from nojit.loader.manifest import KernelRecord
 from nojit.loader.policy import ServingPolicy
-from nojit.loader.settings import Mode
+from nojit.loader.settings import TOOL_FACTS, Mode
 cs.SOURCE_PACKAGES = ("nojit_fake_dist",)
 pkg = os.path.join(site, "nojit_fake_dist", "good")
 def version(tool):
@@ -355,7 +355,7 @@ names = {"wrong-hash": ["nojit_fake_dist.good.owner", "nojit_fake_dist.good.side
          "valid": ["nojit_fake_dist.good.owner", "nojit_fake_dist.good.side"]}[case]
 files = [(n, os.path.join(site, *n.split(".")) + ".py") for n in names]
 digest = source_hash_of_files(files) if case == "valid" else "0" * 64
-record = KernelRecord(kid, "cutedsl", digest, (), {"sources": names, **{t: version(t) for t in cs.TOOLS}})
+record = KernelRecord(kid, "cutedsl", digest, (), {"sources": names, **{t: version(t) for t in TOOL_FACTS["cutedsl"]}})
 bundle = SimpleNamespace(path="<fake bundle>", index=SimpleNamespace(kernels={kid: record}), entries=lambda k: ())
 pk = ("nojit_fake_dist",)
 try:
