@@ -60,8 +60,8 @@ def firewall_state(inst: object) -> str:
     report = firewall.active() if hasattr(firewall, "active") else None
     if report is None:
         return "not active"
-    from nojit.loader import landlock
+    from nojit.loader import inprocess_guard, landlock
 
-    allow = landlock.report()
+    parts = [r.summary() for r in (landlock.report(), inprocess_guard.report()) if r is not None]
     return (f"on ({len(report.names)} stand-ins in {report.bin_dir}, versions from {report.versions_from})"
-            + (f"; {allow.summary()}" if allow is not None else ""))
+            + "".join(f"; {p}" for p in parts))

@@ -8,8 +8,9 @@ install path do not change it). The bundle holds each entry under that exact nam
 own lookup finds it. The digest also covers the `deep_gemm/` headers the generated kernel.cu
 includes: DeepGEMM reads them from `<package>/include/deep_gemm/` on every lookup, a hit included
 (measured: 16 headers for sm90_fp8_gemm_1d2d; cute/ and cutlass/ are not read), so the installed
-package must keep them (check_headers). The directory is written once per bundle (named by the section's digest),
-every cubin checked against its sha256 each time it is opened, and the entries left read-only.
+package must keep them (check_headers). The directory is written once per bundle (named by the section's digest), in a folder only this user
+can write (loader/private_dir.py), every cubin checked against its sha256 on its descriptor each time it is
+opened, and the entries left read-only.
 
 The bundle's DeepGEMM section (a plain dict in the manifest):
     {"deep_gemm_version": "2.8.1", "nvcc_version": "<text of nvcc --version>", "sm_count": 132,
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError, BundleMismatchError
+from nojit.loader.private_dir import PrivateDir, open_private
 
 STUB_NVCC = "#!/bin/sh\n# nojit: DeepGEMM's compiler is answered in process; this file is never run.\nexit 127\n"
 
@@ -40,42 +42,37 @@ def cache_root(section: dict[str, Any], base: str | None = None) -> str:
 
         base = os.path.join(runtime_dir(), "deepgemm")
     base = base or os.environ["NOJIT_DEEPGEMM_DIR"]
-    return os.path.join(base, section_digest(section))
+    return os.path.join(os.path.abspath(base), section_digest(section))
 
 
-def _write_once(path: str, data: bytes, mode: int) -> None:
-    if os.path.exists(path):
-        return
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+def _write_once(folder: PrivateDir, name: str, data: bytes, mode: int) -> None:
+    if folder.sha256(name) is None:
+        folder.write(name, data, mode)
 
 
 def seed(section: dict[str, Any], read_blob: Callable[[str], bytes], bundle_path: str, base: str | None = None) -> str:
-    """Materialize every entry; returns the DG_JIT_CACHE_DIR to use. Idempotent across ranks."""
+    """Materialize every entry; returns the DG_JIT_CACHE_DIR to use. Idempotent across ranks. Every folder is
+    one only this user can write and every file is written and checked through its descriptors
+    (loader/private_dir.py), so what DeepGEMM later reads by path is what was checked here."""
     root = cache_root(section, base)
-    os.makedirs(os.path.join(root, "cache"), exist_ok=True)
-    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)  # where DeepGEMM stages a miss (then refused)
-    os.makedirs(os.path.join(root, "bin"), exist_ok=True)
-    _write_once(os.path.join(root, "bin", "nvcc"), STUB_NVCC.encode(), 0o555)
-    for name, entry in section["entries"].items():
+    for name in section["entries"]:
         if "/" in name or name.startswith("."):
             raise BundleCorruptError(f"bundle {bundle_path}: bad DeepGEMM entry name {name!r}",
                                      fix="rebuild the bundle with `nojit build`")
-        d = os.path.join(root, "cache", name)
-        os.makedirs(d, exist_ok=True)
-        cubin_path = os.path.join(d, "kernel.cubin")
-        if not os.path.exists(cubin_path):
-            _write_once(cubin_path, read_blob(entry["cubin"]), 0o444)
-        with open(cubin_path, "rb") as f:
-            if hashlib.sha256(f.read()).hexdigest() != entry["cubin"]:
-                raise BundleCorruptError(
-                    f"DeepGEMM entry {name}: {cubin_path} does not match its sha256 {entry['cubin'][:16]}...",
-                    fix=f"remove {root} (it is rebuilt from the bundle {bundle_path})")
-        _write_once(os.path.join(d, "kernel.cu"), entry["source"].encode(), 0o444)
-        _write_once(os.path.join(d, ".committed"), b"", 0o444)
+    with open_private(root) as top:
+        with top.child("cache") as cache, top.child("tmp"), top.child("bin") as bin_dir:  # tmp: where DeepGEMM stages a miss
+            _write_once(bin_dir, "nvcc", STUB_NVCC.encode(), 0o555)
+            for name, entry in section["entries"].items():
+                with cache.child(name) as d:
+                    cubin_path = os.path.join(d.path, "kernel.cubin")
+                    if d.sha256("kernel.cubin") is None:
+                        d.write("kernel.cubin", read_blob(entry["cubin"]), 0o444)
+                    if d.sha256("kernel.cubin") != entry["cubin"]:
+                        raise BundleCorruptError(
+                            f"DeepGEMM entry {name}: {cubin_path} does not match its sha256 {entry['cubin'][:16]}...",
+                            fix=f"remove {root} (it is rebuilt from the bundle {bundle_path})")
+                    _write_once(d, "kernel.cu", entry["source"].encode(), 0o444)
+                    _write_once(d, ".committed", b"", 0o444)
     return root
 
 

@@ -49,3 +49,8 @@ class LaunchError(NoJitError):
 
 class PreflightError(NoJitError):
     """Strict mode: vLLM's warmup registry declares keys the bundle does not serve (all listed at once)."""
+
+
+class UnsafePathError(NoJitError):
+    """A folder or file nojit writes, or a library then loads by path, could be changed by another user
+    (not ours, writable by others, a symlink, not a regular file): refused, naming the path."""

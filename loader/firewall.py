@@ -60,7 +60,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import sys
 import tempfile
 import threading
@@ -69,8 +68,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from nojit.loader import private_dir
 from nojit.loader import toolchain as toolchain_mod
-from nojit.loader.errors import NoJitError
+from nojit.loader.errors import NoJitError, UnsafePathError
 from nojit.loader.settings import settings
 
 FIX = (
@@ -138,34 +138,35 @@ def stand_in_names() -> tuple[str, ...]:
 
 
 def runtime_dir() -> str:
-    """This user's nojit folder: $XDG_RUNTIME_DIR/nojit, else <tmp>/nojit-<uid>; 0700 and ours, or an error."""
+    """This user's nojit folder: $XDG_RUNTIME_DIR/nojit, else <tmp>/nojit-<uid>; 0700 and ours, or an error.
+    Walked with no symlink, every folder above it checked too (loader/private_dir.py)."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     base = os.path.join(xdg, "nojit") if xdg and os.path.isdir(xdg) else os.path.join(
         tempfile.gettempdir(), f"nojit-{os.getuid()}")
     try:
-        os.mkdir(base, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(base)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise NoJitError(f"nojit runtime folder {base} is not a private folder of this user",
-                         fix=f"remove {base} (or set XDG_RUNTIME_DIR to a private folder) and start again")
-    return base
+        with private_dir.open_private(base, deny=private_dir.PRIVATE):
+            pass
+    except UnsafePathError as exc:
+        raise UnsafePathError(f"nojit runtime folder {base} is not a private folder of this user ({exc.message})",
+                              fix=f"remove {base} (or set XDG_RUNTIME_DIR to a private folder) and start again") from None
+    return os.path.abspath(base)
 
 
 def event_log_path() -> str:
-    return settings.event_log or os.path.join(runtime_dir(), "events.jsonl")
+    """NOJIT_EVENT_LOG, else <runtime dir>/events.jsonl, made here (O_EXCL) when absent and refused unless a
+    regular file of this user in a folder nobody else can change: the stand-ins append to it with the shell's
+    `>>`, which would follow a symlink, so what they find there must already be ours (private_dir.open_append)."""
+    path = settings.event_log or os.path.join(runtime_dir(), "events.jsonl")
+    os.close(private_dir.open_append(path))
+    return os.path.abspath(path)
 
 
 def log_event(event: dict[str, Any]) -> None:
-    """Append one JSON line to the event log; never raises (the refusal itself must stay the error)."""
+    """Append one JSON line to the event log; never raises (the refusal itself must stay the error), never
+    follows a symlink and writes only to a regular file of this user (private_dir.open_append)."""
     line = json.dumps({"time": time.time(), "pid": os.getpid(), **event}, sort_keys=True) + "\n"
     try:
-        fd = os.open(event_log_path(), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        private_dir.append_line(event_log_path(), line.encode())
     except (OSError, NoJitError):
         pass
 

@@ -9,7 +9,8 @@ runs on the GPU; `JitSpecNvcc.try_load` (jit/core.py:536-570) then loads it with
 `build_and_load` (jit/core.py:337-358) never reaches `build()`, ninja or nvcc.
 
 nojit is that provider. install() writes the bundle's .so files once into a directory in that layout
-(named by the digest of its entries; each file sha256-checked against the bundle every time, left
+(named by the digest of its entries, under NOJIT_FLASHINFER_DIR or <runtime dir>/flashinfer, a folder only
+this user can write; each file sha256-checked against the bundle on its descriptor every time, left
 read-only), and puts a `flashinfer_jit_cache` module into sys.modules whose only provider is that
 directory (plus the providers of a real flashinfer-jit-cache package, if one is installed). FlashInfer
 finds it with its own `importlib.util.find_spec` when it is imported later; if FlashInfer was imported
@@ -31,13 +32,13 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import threading
 import types
 from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, KernelNotInBundleError
+from nojit.loader.private_dir import PrivateDir, open_private
 from nojit.loader.settings import Mode
 
 log = logging.getLogger("nojit")
@@ -112,7 +113,10 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> FlashInferServin
         # Loading that module creates TensorRT-LLM DeepGEMM's cache folders (its Compiler singleton, built at
         # static initialization: compiler.cuh:476-482), under $HOME unless TRTLLM_DG_CACHE_DIR is set; a
         # read-only HOME would abort the process there.
-        os.environ.setdefault("TRTLLM_DG_CACHE_DIR", os.path.join(os.path.dirname(root), TRTLLM))
+        # An operator's TRTLLM_DG_CACHE_DIR must pass the same checks: TensorRT-LLM loads cubins from it.
+        trtllm_dir = os.environ.get("TRTLLM_DG_CACHE_DIR") or os.path.join(os.path.dirname(root), TRTLLM)
+        open_private(trtllm_dir).close()
+        os.environ["TRTLLM_DG_CACHE_DIR"] = os.path.abspath(trtllm_dir)
     archs = next((tuple(r.info["nvcc_gpu_archs"]) for r in records if isinstance(r.info.get("nvcc_gpu_archs"), list)),
                  None)
     serving = FlashInferServing(root, modules, version, arch, release.group(1) if release else None, archs, cubins)
@@ -128,63 +132,57 @@ def current() -> FlashInferServing | None:
 
 
 # ------------------------------------------------------------------------------------------------ seeding
+def default_base() -> str:
+    """NOJIT_FLASHINFER_DIR, else <runtime dir>/flashinfer: a folder only this user can write (private_dir)."""
+    given = os.environ.get("NOJIT_FLASHINFER_DIR")
+    if given:
+        return os.path.abspath(given)
+    from nojit.loader.firewall import runtime_dir
+
+    return os.path.join(runtime_dir(), "flashinfer")
+
+
 def _root_for(entries: dict[str, Any], base: str | None) -> str:
     digest = hashlib.sha256(json.dumps(sorted((n, e.blob) for n, e in entries.items())).encode()).hexdigest()
-    base = base or os.environ.get("NOJIT_FLASHINFER_DIR") or os.path.join(
-        tempfile.gettempdir(), f"nojit-flashinfer-{os.getuid()}")
-    return os.path.join(base, digest[:24])
-
-
-def _file_sha256(path: str) -> str | None:
-    try:
-        if os.path.islink(path) or not os.path.isfile(path):
-            return None
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError:
-        return None
+    return os.path.join(os.path.abspath(base) if base else default_base(), digest[:24])
 
 
 def seed(bundle: Any, entries: dict[str, Any], base: str | None = None) -> str:
     """Every entry where FlashInfer looks for it: <root>/<module>/<module>.so, and TensorRT-LLM DeepGEMM's
-    <root>/tensorrt_llm/cache/<name>/nvcc_kernel.cubin. Written once (temporary file, then rename) and checked
-    against the bundle's digest every time; files 0444, their folders 0555. Idempotent across ranks."""
+    <root>/tensorrt_llm/cache/<name>/nvcc_kernel.cubin. Every folder on the way is one only this user can
+    write, and each file is written (O_EXCL temporary, then rename) and checked against the bundle's digest
+    on its descriptor every time (loader/private_dir.py), so what FlashInfer's dlopen and TensorRT-LLM's
+    read find by path is what was checked; files 0444, their folders 0555. Idempotent across ranks."""
     root = _root_for(entries, base)
-    for name, entry in sorted(entries.items()):
-        if entry.launch.kind == "module":
-            _place(bundle, entry, name, os.path.join(root, name, f"{name}.so"), root)
-        else:
-            _place(bundle, entry, name, os.path.join(root, TRTLLM, "cache", name, "nvcc_kernel.cubin"), root)
-    if any(e.launch.kind == "trtllm_deepgemm" for e in entries.values()):
-        os.makedirs(os.path.join(root, TRTLLM, "tmp"), exist_ok=True)  # its Compiler creates it at load anyway
+    with open_private(root) as top:
+        for name, entry in sorted(entries.items()):
+            if entry.launch.kind == "module":
+                _place(bundle, entry, name, top, name, f"{name}.so", root)
+            else:
+                _place(bundle, entry, name, top, f"{TRTLLM}/cache/{name}", "nvcc_kernel.cubin", root)
+        if any(e.launch.kind == "trtllm_deepgemm" for e in entries.values()):
+            top.descend(f"{TRTLLM}/tmp").close()  # its Compiler creates it at load anyway
     return root
 
 
-def _place(bundle: Any, entry: Any, name: str, path: str, root: str) -> None:
-    if _file_sha256(path) == entry.blob:
-        return
-    if os.path.lexists(path):
-        raise BundleCorruptError(f"{path} is not the FlashInfer entry {name} of {bundle.path} (sha256 differs)",
-                                 fix=f"delete {root} (nojit writes it again at the next start)")
-    data = bundle.read_blob(entry.blob)  # checked against its sha256 by the bundle reader
-    folder = os.path.dirname(path)
-    tmp = f"{path}.{os.getpid()}.tmp"
+def _place(bundle: Any, entry: Any, name: str, top: PrivateDir, folder_rel: str, file_name: str, root: str) -> None:
+    path = os.path.join(root, folder_rel, file_name)
     try:
-        os.makedirs(folder, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, path)
+        with top.descend(folder_rel) as folder:
+            found = folder.sha256(file_name)
+            if found == entry.blob:
+                return
+            if found is not None:
+                raise BundleCorruptError(f"{path} is not the FlashInfer entry {name} of {bundle.path} (sha256 differs)",
+                                         fix=f"delete {root} (nojit writes it again at the next start)")
+            data = bundle.read_blob(entry.blob)  # checked against its sha256 by the bundle reader
+            if folder.write(file_name, data, 0o444) != entry.blob:
+                raise BundleCorruptError(f"{path}: written, but it does not read back as the bundle's entry {name}",
+                                         fix=f"check the disk under {root}")
+            folder.chmod(0o555)
     except OSError as exc:
         raise BundleError(f"cannot write FlashInfer entry {name} to {path}: {exc.strerror}",
                           fix="set NOJIT_FLASHINFER_DIR to a writable directory (or delete a stale one)") from None
-    if _file_sha256(path) != entry.blob:
-        raise BundleCorruptError(f"{path}: written, but it does not read back as the bundle's entry {name}",
-                                 fix=f"check the disk under {root}")
-    os.chmod(folder, 0o555)
 
 
 # ------------------------------------------------------------------------------------------------ provider

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from nojit.loader import firewall
+from nojit.loader import firewall, inprocess_guard
 from nojit.loader.errors import CompileForbiddenError
 
 COMPILER_BINARIES = frozenset(
@@ -145,8 +145,8 @@ def install_strict_guards() -> None:
     """Idempotent. Guards what is importable now; call again after importing Triton/TileLang."""
     with _lock:
         _state["active"] = True
-        # The driver must never JIT-compile PTX: bundled cubins carry SASS only.
-        os.environ.setdefault("CUDA_DISABLE_PTX_JIT", "1")
+        # NVRTC, nvJitLink, NVVM patched in every loaded copy; the driver's PTX JIT off (bundled cubins are SASS)
+        inprocess_guard.activate()
         if not _state["audit"]:
             sys.addaudithook(_audit)  # cannot be removed; inert while no strict install is active
             _state["audit"] = True
@@ -217,6 +217,7 @@ def deactivate() -> None:
     with _lock:
         _state["active"] = False
         firewall.deactivate()
+        inprocess_guard.deactivate()
         while _restore:
             obj, name, value = _restore.pop()
             setattr(obj, name, value)

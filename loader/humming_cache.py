@@ -28,6 +28,7 @@ import threading
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError, BundleMismatchError
+from nojit.loader.private_dir import open_private
 
 _lock = threading.Lock()
 
@@ -64,9 +65,9 @@ def seed(compiler_cls: Any, code: str, sm_version: str, kernel_expr: str | None,
     """Put `cubin` where this process's Humming will look for this kernel; returns the path (read-only)."""
 
     def from_bundle(cls: Any, source_path: str, cache_dirname: Any, sm: str, expr: Any, flags: Any) -> tuple:
-        tmp = os.path.join(os.fspath(cache_dirname), "kernel_tmp.cubin")
-        with open(tmp, "wb") as f:
-            f.write(cubin)
+        where = os.fspath(cache_dirname)  # <HUMMING_CACHE_DIR>/<key>: Humming just made it, with its umask's mode
+        with open_private(os.path.dirname(where)) as cache, cache.child(os.path.basename(where), tighten=True) as folder:
+            folder.write("kernel_tmp.cubin", cubin, 0o444)
         return 0, "nojit: from the bundle\n", ""
 
     with _lock:  # the class attribute is swapped for this one call
@@ -81,9 +82,10 @@ def seed(compiler_cls: Any, code: str, sm_version: str, kernel_expr: str | None,
                 del compiler_cls._compile
             else:
                 compiler_cls._compile = previous
-    with open(path, "rb") as f:
-        if hashlib.sha256(f.read()).hexdigest() != digest:
+    where, name = os.path.split(path)
+    with open_private(os.path.dirname(where)) as cache, cache.child(os.path.basename(where), tighten=True) as folder:
+        if folder.sha256(name) != digest:
             raise BundleCorruptError(f"Humming cache entry {path} does not hold the bundled cubin {digest[:12]}",
                                      fix=f"remove {os.path.dirname(path)}: it is written again from the bundle")
-    os.chmod(path, 0o444)
+        folder.fchmod_file(name, 0o444)
     return path

@@ -10,8 +10,10 @@ compute it and write its own layout with the bundled cubin. Humming then finds e
 own lookup: no process, no compile.
 
 When is it seeded: once `humming.jit.runtime` is imported (at install when it already is). The cache is a
-folder of nojit's per bundle (`NOJIT_HUMMING_DIR`, default `<tmp>/nojit-humming-<uid>/<digest>`), which
-`HUMMING_CACHE_DIR` points at, so Humming's lookups see bundled kernels only.
+folder of nojit's per bundle (`NOJIT_HUMMING_DIR`, default `<runtime dir>/humming/<digest>`), which
+`HUMMING_CACHE_DIR` points at, so Humming's lookups see bundled kernels only; it and Humming's tmp folder
+(`HUMMING_TMP_DIR`, default beside it, with the `module/` folder Humming imports from) are folders only this
+user can write (loader/private_dir.py).
 
 A kernel the bundle lacks is caught where Humming is about to construct it (`KernelRuntime.__new__` gets the
 kernel class and its arguments, the bundle's key, whether `compile_many` constructs it at the first forward or
@@ -31,12 +33,12 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.errors import BundleCorruptError, BundleMismatchError
+from nojit.loader.private_dir import open_private
 
 log = logging.getLogger("nojit")
 
@@ -121,8 +123,25 @@ def installed_version() -> str | None:
 
 def _cache_dir(entries: dict[str, Any]) -> str:
     digest = hashlib.sha256(json.dumps(sorted(e.blob for e in entries.values())).encode()).hexdigest()[:16]
-    base = os.environ.get("NOJIT_HUMMING_DIR") or os.path.join(tempfile.gettempdir(), f"nojit-humming-{os.getuid()}")
-    return os.path.join(base, digest)
+    base = os.environ.get("NOJIT_HUMMING_DIR")
+    if not base:
+        from nojit.loader.firewall import runtime_dir
+
+        base = os.path.join(runtime_dir(), "humming")
+    return os.path.join(os.path.abspath(base), digest)
+
+
+def _private_folders(cache_dir: str) -> str:
+    """Humming's cache and its tmp folder (HUMMING_TMP_DIR, default beside the cache) with the `module/` folder
+    Humming puts on sys.path and imports from, and its `lock/` folder: each made or opened as a folder only
+    this user can write (loader/private_dir.py), so nothing another user plants there is loaded or imported.
+    Returns the tmp folder."""
+    tmp = os.environ.get("HUMMING_TMP_DIR") or os.path.join(os.path.dirname(cache_dir), "tmp")
+    open_private(cache_dir).close()
+    with open_private(tmp) as folder:
+        folder.child("module").close()
+        folder.child("lock").close()
+    return os.path.abspath(tmp)
 
 
 def install(bundle: Any, kernel_ids: list[str], policy: Any) -> HummingServing | None:
@@ -150,8 +169,9 @@ def install(bundle: Any, kernel_ids: list[str], policy: Any) -> HummingServing |
     if previous and os.path.abspath(previous) != os.path.abspath(serving.cache_dir):
         log.warning("nojit: HUMMING_CACHE_DIR=%s replaced by %s, where the bundle's %d Humming kernels are", previous,
                     serving.cache_dir, len(entries))
+    tmp = _private_folders(serving.cache_dir)
     os.environ["HUMMING_CACHE_DIR"] = serving.cache_dir
-    os.environ.setdefault("HUMMING_TMP_DIR", os.path.join(os.path.dirname(serving.cache_dir), "tmp"))
+    os.environ["HUMMING_TMP_DIR"] = tmp
     with _lock:
         _current = serving
         _state.update(policy=policy, bundle=bundle)
@@ -180,8 +200,9 @@ def activate() -> None:
 
     from nojit.loader import humming_cache
 
-    for cached in (jit_utils.get_humming_cache_dir, jit_utils.get_humming_tmp_dir):
-        cached.cache_clear()  # read the variables install() set, even if Humming looked before
+    for cached in ("get_humming_cache_dir", "get_humming_tmp_dir", "get_humming_module_dir", "get_humming_lock_dir",
+                   "get_humming_lock_filename"):
+        getattr(jit_utils, cached).cache_clear()  # read the variables install() set, even if Humming looked before
     from nojit.loader.settings import Mode
 
     if _state["policy"] is not None and _state["policy"].mode is Mode.STRICT:

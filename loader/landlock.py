@@ -50,7 +50,7 @@ _SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}  # create_ru
 
 SYSTEM_ROOTS = ("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/local/bin",
                 "/usr/local/sbin", "/usr/local/lib", "/usr/local/libexec")
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: files another user can write are left out
 ACTIVE_ENV = "NOJIT_LANDLOCK_ACTIVE"  # set when enforced: a child (inheriting the domain) does not stack another
 
 
@@ -211,7 +211,7 @@ def _plan_folder(comp: compilers_mod.Compilers, folder: str, below: set[str], p:
             else:
                 p.unsafe.append(f"{e.path} ({e.path})")
         elif stat.S_ISREG(st.st_mode):
-            _plan_file(comp, e.path, st, p)
+            _plan_listed_file(comp, e.path, st, p)
 
 
 def _plan_files(comp: compilers_mod.Compilers, folder: str, p: Plan) -> None:
@@ -232,7 +232,17 @@ def _plan_files(comp: compilers_mod.Compilers, folder: str, p: Plan) -> None:
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode):
-            _plan_file(comp, e.path, st, p)
+            _plan_listed_file(comp, e.path, st, p)
+
+
+def _plan_listed_file(comp: compilers_mod.Compilers, path: str, st: os.stat_result, p: Plan) -> None:
+    """A file found in a listed folder: left out when another user owns it or may write it, since its rule is on
+    the inode and whoever can rewrite the file chooses what runs (tests/test_redteam.py)."""
+    if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022:
+        p.file_stats[path] = _stamp(st)
+        p.unsafe.append(f"{path} ({path})")
+        return
+    _plan_file(comp, path, st, p)
 
 
 def _plan_file(comp: compilers_mod.Compilers, path: str, st: os.stat_result, p: Plan) -> None:

@@ -19,18 +19,21 @@ from collections.abc import Callable
 from typing import Any
 
 from nojit.loader.errors import KernelNotInBundleError
+from nojit.loader.private_dir import append_line, open_append
 from nojit.loader.settings import Mode
 
 log = logging.getLogger("nojit")
 
 class KeyRecorder:
-    """Appends one JSON line per distinct (kernel, key, outcome), safe across threads and ranks."""
+    """Appends one JSON line per distinct (kernel, key, outcome), safe across threads and ranks. The file
+    (NOJIT_RECORD_FILE, default <bundle>.keys.jsonl) is refused at install unless it is, or can be created
+    as, a regular file of this user whose folder nobody else can change."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._seen: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
-        os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+        os.close(open_append(path, 0o644))  # refused now, at install, unless a regular file of this user
 
     def record(self, kernel: str, runtime: str, key_json: Any, outcome: str, source_hash: str) -> None:
         text = json.dumps(key_json, sort_keys=True, separators=(",", ":"))
@@ -48,11 +51,8 @@ class KeyRecorder:
             )
             # One write(2) per line on an O_APPEND descriptor: lines from several
             # processes (one per tensor-parallel rank) do not interleave.
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, (line + "\n").encode())
-            finally:
-                os.close(fd)
+            # (never through a symlink, only into a regular file of this user: private_dir.open_append)
+            append_line(self.path, (line + "\n").encode(), 0o644)
 
 
 class ServingPolicy:
