@@ -131,11 +131,6 @@ def _pin_of(expected_sha256: object, pin: object) -> Pin | None:
     return Pin(expected_sha256)
 
 
-def canonical_json(obj: Any) -> bytes:
-    """The one JSON encoding used for manifests and digests: sorted keys, no whitespace."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
-
-
 class Bundle:
     """A bundle opened for reading: header and index validated, sections and cubins read at first use."""
 

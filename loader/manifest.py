@@ -20,7 +20,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nojit.loader.canonical import canonical_json
 from nojit.loader.errors import BundleCorruptError
+from nojit.loader.records.flashinfer import FlashInferLaunch
+from nojit.loader.records.humming import HummingLaunch
 
 FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
 RUNTIMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming")
@@ -712,14 +715,10 @@ def _entry_from_json(i: int, e: Any, record: KernelRecord, blobs: dict[str, Blob
         launch = CuteLaunch.from_json(lf)
         _check_cute_key(ef, key)
     elif record.runtime == "flashinfer":
-        from nojit.loader.flashinfer_serving import FlashInferLaunch
-
         launch = FlashInferLaunch.from_json(lf)  # type: ignore[assignment]
         if launch.kind == "module" and key != launch.module:
             raise ef._bad("key", "is not the FlashInfer module's name")
     elif record.runtime == "humming":
-        from nojit.loader.humming_serving import HummingLaunch
-
         launch = HummingLaunch.from_json(lf)  # type: ignore[assignment]
         if not (isinstance(key, dict) and key.get("class") == kernel and isinstance(key.get("args"), dict)):
             raise ef._bad("key", "is not {class: <this kernel>, args: {...}} (a Humming kernel's constructor arguments)")
@@ -780,8 +779,6 @@ def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch) -> None:
 
 def _check_kernel_entries(record: KernelRecord, entries: list[Entry], source: str) -> None:
     """Across one kernel's entries: no key twice, and one TileLang tensor signature (the server reads the first)."""
-    from nojit.loader.bundle_file import canonical_json
-
     seen: set[tuple[bytes, str]] = set()
     for e in entries:
         ident = (canonical_json(e.key), e.variant)

@@ -38,8 +38,8 @@ def humming_module_name() -> str:
 
 def make(out: str, good_so: str) -> None:
     from nojit.aot.bundle_writer import write_bundle
-    from nojit.loader.flashinfer_serving import FlashInferLaunch
-    from nojit.loader.humming_serving import HummingLaunch
+    from nojit.loader.records.flashinfer import FlashInferLaunch
+    from nojit.loader.records.humming import HummingLaunch
     from nojit.loader.manifest import DeepGemmLaunch, Entry, KernelRecord, Producer, Target
     from nojit.loader.versions import RuntimeVersions
 

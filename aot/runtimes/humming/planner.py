@@ -34,7 +34,9 @@ from nojit.aot.runtimes.humming import standin
 from nojit.aot.runtimes.humming.enumerate import enumerate_kernels
 from nojit.aot.target import TARGET
 from nojit.loader import humming_cache
-from nojit.loader.humming_serving import NAME, HummingLaunch
+from nojit.loader.records.humming import HummingLaunch
+
+NAME = "humming"
 
 # The kernel classes Humming's MoE path constructs (humming.kernel.*): at the first forward, and in the weight
 # transform at weight loading; a --kernels selection naming none skips planning.
