@@ -78,6 +78,7 @@ def plan_deployment(opts: BuildOptions) -> Plan:
     d = opts.deployment
     assert d is not None
     model = model_for(d.hf_config, d.hf_config_source)
+    model.check_deployment(d)
     install_deployment_platform(d.platform)
     plan = Plan(deployment=d.as_dict(), vllm=installed_version("vllm"))
     selection = Selection(opts.groups, opts.kernels)

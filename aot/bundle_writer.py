@@ -17,7 +17,8 @@ from typing import BinaryIO
 
 import zstandard
 
-from nojit.loader.bundle.file import HEADER, Header, canonical_json
+from nojit.loader.bundle.file import HEADER, Header
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.aot.errors import BuildError
 from nojit.loader.bundle.manifest import (
     FORMAT_VERSION,

@@ -2,7 +2,8 @@
 
 Read from a TOML file (`nojit build --deployment FILE`) or the built-in default, which is
 the original report's command on an H200. Every field is validated here, with errors that
-name the file and the field.
+name the file and the field; what one model accepts (DeepSeek-V4: block size 256, mtp only) is that
+model room's rule (`Model.check_deployment`), checked before planning with the same errors.
 """
 
 from __future__ import annotations
@@ -82,13 +83,18 @@ def _load_text(ref: str, base_dir: str) -> tuple[bytes, str]:
         raise BuildError(f"cannot read {path}: {exc.strerror}", fix="check the path in the deployment file") from None
 
 
+def field_error(source: str, table: str, key: str, what: str) -> BuildError:
+    """The error for one field of a deployment file (also raised by a model room's rules, aot/models/<m>/)."""
+    return BuildError(f"{source}: [{table}] {key} {what}", fix="fix the deployment file (see the default: "
+                      "`nojit build --print-default-deployment`)")
+
+
 class _Table:
     def __init__(self, data: dict[str, Any], where: str, source: str) -> None:
         self.data, self.where, self.source = data, where, source
 
     def _bad(self, key: str, what: str) -> BuildError:
-        return BuildError(f"{self.source}: [{self.where}] {key} {what}", fix="fix the deployment file (see the default: "
-                          "`nojit build --print-default-deployment`)")
+        return field_error(self.source, self.where, key, what)
 
     def get(self, key: str, kind: type, default: Any = ...) -> Any:
         if key not in self.data:
@@ -140,20 +146,14 @@ def load_deployment(ref: str = DEFAULT_DEPLOYMENT) -> Deployment:
     runners = serving.get("model_runners", list, ["v2"])
     if not runners or any(r not in RUNNERS for r in runners):
         raise serving._bad("model_runners", f"= {runners!r}; each entry must be one of {RUNNERS}")
-    method = spec.get("method", str, None)
-    if method not in (None, "mtp"):
-        raise spec._bad("method", f"= {method!r}: only mtp (DeepSeek-V4's own draft layer) is supported")
+    method = spec.get("method", str, None)  # which methods a model serves: its room's rules (Model.check_deployment)
     capability = plat.get("capability", list, [9, 0])
     if len(capability) != 2 or not all(isinstance(c, int) and not isinstance(c, bool) for c in capability):
         raise plat._bad("capability", "must be two integers, e.g. [9, 0]")
     if tuple(capability) != (9, 0):
         raise plat._bad("capability", f"= {capability}: nojit builds sm_90a cubins, which run on compute capability 9.0 only")
     block_size = serving.positive("block_size")
-    if block_size != 256:
-        raise serving._bad("block_size", f"= {block_size}: vLLM's DeepSeek-V4 backends on sm_90 accept only 256")
     kv = serving.get("kv_cache_dtype", str, "auto")
-    if kv not in ("auto", "fp8", "fp8_e4m3", "fp8_ds_mla"):
-        raise serving._bad("kv_cache_dtype", f"= {kv!r}: sm_90 serves DeepSeek-V4 with fp8_ds_mla only (auto/fp8)")
     return Deployment(
         name=top.get("name", str),
         source=source,

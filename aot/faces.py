@@ -44,6 +44,9 @@ class Model:
     name: str
     model_type: str  # the HF config.json "model_type" this model serves
     tables: Mapping[str, Any]  # runtime name -> the rows that runtime's planner reads
+    # The model's own rules for a deployment (raise BuildError naming the field: deployment.field_error),
+    # checked before planning; the deployment file's generic rules are aot/deployment.py's.
+    check_deployment: Callable[[Deployment], None] = lambda d: None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-from nojit.loader.bundle.file import Bundle, canonical_json
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.loader.bundle.manifest import Manifest
 
 

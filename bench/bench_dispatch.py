@@ -51,7 +51,7 @@ def main() -> int:
     import triton
 
     from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
-    from nojit.loader.install import jit_function_of
+    from nojit.loader.resolve import jit_function_of
     from nojit.loader.bundle.file import Bundle
     from nojit.loader.bundle.triton_key import key_from_json
     from triton_harness import grid_for, synthesize

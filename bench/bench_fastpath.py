@@ -308,7 +308,7 @@ def child_cold(args) -> None:
 
     from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
     from nojit.loader.bundle.file import Bundle
-    from nojit.loader.install import jit_function_of
+    from nojit.loader.resolve import jit_function_of
     from triton_harness import grid_for, synthesize
 
     smap = load_source_map(args.sources) if args.sources else None

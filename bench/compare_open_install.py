@@ -30,7 +30,7 @@ os.environ["NOJIT_QUIET"] = "1"
 from nojit.aot.deployment import load_deployment
 from nojit.aot.vllm_env import import_kernel_module, install_deployment_platform
 from nojit.loader.bundle.file import Bundle
-from nojit.loader.install import resolve_object
+from nojit.loader.resolve import resolve_object
 install_deployment_platform(load_deployment().platform)
 path, repeat = sys.argv[1], int(sys.argv[2])
 b = Bundle.open(path)

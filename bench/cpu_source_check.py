@@ -22,7 +22,7 @@ import time
 def _kernels(plan_path: str, limit: int) -> list:
     from nojit.aot.runtimes.triton.sources import resolve_kernel
     from nojit.aot.vllm_env import PlatformFacts, install_deployment_platform
-    from nojit.loader.install import jit_function_of
+    from nojit.loader.resolve import jit_function_of
 
     install_deployment_platform(PlatformFacts())
     with open(plan_path) as f:

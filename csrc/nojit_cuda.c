@@ -17,6 +17,7 @@
 
 #include "nojit_cuda_abi.h"
 #include "nojit_half.h"
+#include "nojit_launch_config.h"
 
 typedef NjResult (*fn_cuInit)(unsigned int);
 typedef NjResult (*fn_cuDriverGetVersion)(int *);
@@ -306,41 +307,11 @@ int nojit_launch(uint64_t function, uint32_t grid_x, uint32_t grid_y, uint32_t g
     rc = NOJIT_ERR_BAD_ARGUMENT;
   }
   if (!rc) {
-    NjLaunchAttribute attrs[4];
-    unsigned n_attrs = 0;
-    memset(attrs, 0, sizeof(attrs));
-    if (cluster_blocks > 1) {
-      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attrs[n_attrs].value.clusterDim.x = cluster_x;
-      attrs[n_attrs].value.clusterDim.y = cluster_y;
-      attrs[n_attrs].value.clusterDim.z = cluster_z;
-      n_attrs++;
-      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-      attrs[n_attrs].value.clusterSchedulingPolicyPreference = NJ_CLUSTER_SCHEDULING_POLICY_SPREAD;
-      n_attrs++;
-    }
-    if (pdl) {
-      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
-      n_attrs++;
-    }
-    if (cooperative) {
-      attrs[n_attrs].id = NJ_LAUNCH_ATTRIBUTE_COOPERATIVE;
-      attrs[n_attrs].value.cooperative = 1;
-      n_attrs++;
-    }
+    NjLaunchAttribute attrs[NJ_MAX_LAUNCH_ATTRS];
     NjLaunchConfig cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.gridDimX = grid_x;
-    cfg.gridDimY = grid_y;
-    cfg.gridDimZ = grid_z;
-    cfg.blockDimX = block_x;
-    cfg.blockDimY = block_y;
-    cfg.blockDimZ = block_z;
-    cfg.sharedMemBytes = shared_bytes;
-    cfg.hStream = (NjStream)(uintptr_t)stream;
-    cfg.attrs = n_attrs ? attrs : NULL;
-    cfg.numAttrs = n_attrs;
+    const uint32_t grid[3] = {grid_x, grid_y, grid_z}, block[3] = {block_x, block_y, block_z};
+    const uint32_t cluster[3] = {cluster_x, cluster_y, cluster_z};
+    nj_launch_config(&cfg, attrs, grid, block, shared_bytes, stream, cluster, pdl, cooperative);
     NjResult r = drv.cuLaunchKernelEx(&cfg, (NjFunction)(uintptr_t)function, params, NULL);
     if (r)
       rc = driver_error(r, "cuLaunchKernelEx", err, errlen);

@@ -37,6 +37,7 @@
 
 #include "nojit_cuda_abi.h"
 #include "nojit_half.h"
+#include "nojit_launch_config.h"
 
 #define NJ_MAX_PARAMS 128
 #define NJ_MAX_DTYPES 64
@@ -583,39 +584,9 @@ static int prepare(const Entry *e, const Value *values, const uint32_t g[3], uns
   slots[n] = slots[n + 1] = 0; /* Triton's global and profile scratch pointers: unused by these entries */
   params[n] = &slots[n];
   params[n + 1] = &slots[n + 1];
-  unsigned na = 0;
-  memset(attrs, 0, 4 * sizeof(NjLaunchAttribute));
-  if (e->cx * e->cy * e->cz > 1) {
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[na].value.clusterDim.x = e->cx;
-    attrs[na].value.clusterDim.y = e->cy;
-    attrs[na].value.clusterDim.z = e->cz;
-    na++;
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-    attrs[na].value.clusterSchedulingPolicyPreference = NJ_CLUSTER_SCHEDULING_POLICY_SPREAD;
-    na++;
-  }
-  if (e->pdl) {
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attrs[na].value.programmaticStreamSerializationAllowed = 1;
-    na++;
-  }
-  if (e->coop) {
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attrs[na].value.cooperative = 1;
-    na++;
-  }
-  memset(cfg, 0, sizeof(*cfg));
-  cfg->gridDimX = g[0] * e->grid_mult;
-  cfg->gridDimY = g[1];
-  cfg->gridDimZ = g[2];
-  cfg->blockDimX = e->block_x;
-  cfg->blockDimY = 1;
-  cfg->blockDimZ = 1;
-  cfg->sharedMemBytes = e->shared;
-  cfg->hStream = (NjStream)(uintptr_t)stream;
-  cfg->attrs = na ? attrs : NULL;
-  cfg->numAttrs = na;
+  const uint32_t grid[3] = {g[0] * e->grid_mult, g[1], g[2]}, block[3] = {e->block_x, 1, 1};
+  const uint32_t cluster[3] = {e->cx, e->cy, e->cz};
+  nj_launch_config(cfg, attrs, grid, block, e->shared, stream, cluster, e->pdl, e->coop);
   return 0;
 }
 
@@ -655,7 +626,7 @@ static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t n
   if (g[0] && g[1] && g[2]) {
     uint64_t slots[NJ_MAX_PARAMS];
     void *params[NJ_MAX_PARAMS];
-    NjLaunchAttribute attrs[4];
+    NjLaunchAttribute attrs[NJ_MAX_LAUNCH_ATTRS];
     NjLaunchConfig cfg;
     if (prepare(e, values, g, stream, slots, params, attrs, &cfg))
       Py_RETURN_NONE;
@@ -667,22 +638,37 @@ static PyObject *fast_launch(PyObject *self, PyObject *const *args, Py_ssize_t n
   return e->variant;
 }
 
+/* One call as the table-reading entry points (lookup, pack, floor) see it: its table, codes and values. */
+typedef struct {
+  Table *t;
+  uint32_t codes[NJ_MAX_PARAMS];
+  Value values[NJ_MAX_PARAMS];
+} TableCall;
+
+/* Their one prologue: the table from its capsule, then the bound arguments classified against it.
+ * -1: not a table (exception set); 1: the table, but a call C does not classify (values unset); 0: both. */
+static int read_call(PyObject *capsule, PyObject *bound, TableCall *c) {
+  c->t = get_table(capsule);
+  if (!c->t)
+    return -1;
+  return classify(c->t, bound, c->codes, c->values) ? 1 : 0;
+}
+
 /* lookup(table, bound) -> (entry index or -1, codes tuple or None): for tests and diagnostics. */
 static PyObject *fast_lookup(PyObject *self, PyObject *args) {
   PyObject *capsule, *bound;
   if (!PyArg_ParseTuple(args, "OO", &capsule, &bound))
     return NULL;
-  Table *t = get_table(capsule);
-  if (!t)
+  TableCall c;
+  int rc = read_call(capsule, bound, &c);
+  if (rc < 0)
     return NULL;
-  uint32_t codes[NJ_MAX_PARAMS];
-  Value values[NJ_MAX_PARAMS];
-  if (classify(t, bound, codes, values))
+  if (rc)
     return Py_BuildValue("(iO)", -1, Py_None);
-  PyObject *out = PyTuple_New(t->nparams);
-  for (int i = 0; i < t->nparams; i++)
-    PyTuple_SetItem(out, i, PyLong_FromUnsignedLong(codes[i]));
-  PyObject *res = Py_BuildValue("(iN)", find_entry(t, codes), out);
+  PyObject *out = PyTuple_New(c.t->nparams);
+  for (int i = 0; i < c.t->nparams; i++)
+    PyTuple_SetItem(out, i, PyLong_FromUnsignedLong(c.codes[i]));
+  PyObject *res = Py_BuildValue("(iN)", find_entry(c.t, c.codes), out);
   return res;
 }
 
@@ -692,21 +678,20 @@ static PyObject *fast_pack(PyObject *self, PyObject *args) {
   int idx;
   if (!PyArg_ParseTuple(args, "OiO", &capsule, &idx, &bound))
     return NULL;
-  Table *t = get_table(capsule);
-  if (!t)
+  TableCall c;
+  int rc = read_call(capsule, bound, &c);
+  if (rc < 0)
     return NULL;
-  if (idx < 0 || idx >= t->nentries) {
+  if (idx < 0 || idx >= c.t->nentries) {
     PyErr_SetString(PyExc_ValueError, "pack: no such entry");
     return NULL;
   }
-  uint32_t codes[NJ_MAX_PARAMS];
-  Value values[NJ_MAX_PARAMS];
-  if (classify(t, bound, codes, values))
+  if (rc)
     Py_RETURN_NONE;
-  Entry *e = &t->entries[idx];
+  Entry *e = &c.t->entries[idx];
   uint64_t slots[NJ_MAX_PARAMS];
   for (int a = 0; a < e->nargs; a++)
-    if (pack_one(e->arg_code[a], &values[e->arg_index[a]], &slots[a]))
+    if (pack_one(e->arg_code[a], &c.values[e->arg_index[a]], &slots[a]))
       Py_RETURN_NONE;
   return PyBytes_FromStringAndSize((const char *)slots, (Py_ssize_t)e->nargs * 8);
 }
@@ -720,24 +705,23 @@ static PyObject *fast_floor(PyObject *self, PyObject *args) {
   unsigned long long stream;
   if (!PyArg_ParseTuple(args, "OOOiKi", &capsule, &bound, &grid, &device, &stream, &iterations))
     return NULL;
-  Table *t = get_table(capsule);
-  if (!t)
+  TableCall c;
+  int rc = read_call(capsule, bound, &c);
+  if (rc < 0)
     return NULL;
-  uint32_t codes[NJ_MAX_PARAMS];
-  Value values[NJ_MAX_PARAMS];
   uint32_t g[3];
   int idx;
-  if (parse_grid(grid, g) || classify(t, bound, codes, values) || (idx = find_entry(t, codes)) < 0 || device < 0 ||
-      device >= NJ_MAX_DEVICES || !t->entries[idx].function[device] || !g_launch) {
+  if (rc || parse_grid(grid, g) || (idx = find_entry(c.t, c.codes)) < 0 || device < 0 || device >= NJ_MAX_DEVICES ||
+      !c.t->entries[idx].function[device] || !g_launch) {
     PyErr_SetString(PyExc_ValueError, "floor: the call is not a loaded exact entry of this table");
     return NULL;
   }
-  const Entry *e = &t->entries[idx];
+  const Entry *e = &c.t->entries[idx];
   uint64_t slots[NJ_MAX_PARAMS];
   void *params[NJ_MAX_PARAMS];
-  NjLaunchAttribute attrs[4];
+  NjLaunchAttribute attrs[NJ_MAX_LAUNCH_ATTRS];
   NjLaunchConfig cfg;
-  if (prepare(e, values, g, stream, slots, params, attrs, &cfg)) {
+  if (prepare(e, c.values, g, stream, slots, params, attrs, &cfg)) {
     PyErr_SetString(PyExc_ValueError, "floor: arguments cannot be packed");
     return NULL;
   }
@@ -1104,7 +1088,7 @@ static PyObject *runner_launch(Runner *r, Call *cp, PyObject *const *args, Py_ss
     if (g[0] && g[1] && g[2]) {
       uint64_t slots[NJ_MAX_PARAMS];
       void *params[NJ_MAX_PARAMS];
-      NjLaunchAttribute attrs[4];
+      NjLaunchAttribute attrs[NJ_MAX_LAUNCH_ATTRS];
       NjLaunchConfig cfg;
       if (prepare(e, values, g, stream, slots, params, attrs, &cfg)) {
         Py_DECREF(grid);

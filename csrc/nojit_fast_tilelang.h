@@ -448,35 +448,8 @@ static void tl_config(const TlPlan *p, const uint32_t dims[6], unsigned long lon
                       void **params, NjLaunchAttribute *attrs, NjLaunchConfig *cfg) {
   for (int a = 0; a < p->nparams; a++)
     params[a] = &slots[a];
-  unsigned na = 0;
-  memset(attrs, 0, 4 * sizeof(NjLaunchAttribute));
-  if ((uint64_t)p->cx * p->cy * p->cz > 1) {
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attrs[na].value.clusterDim.x = p->cx;
-    attrs[na].value.clusterDim.y = p->cy;
-    attrs[na].value.clusterDim.z = p->cz;
-    na++;
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE;
-    attrs[na].value.clusterSchedulingPolicyPreference = NJ_CLUSTER_SCHEDULING_POLICY_SPREAD;
-    na++;
-  }
-  if (p->pdl) {
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attrs[na].value.programmaticStreamSerializationAllowed = 1;
-    na++;
-  }
-  if (p->coop) {
-    attrs[na].id = NJ_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    attrs[na].value.cooperative = 1;
-    na++;
-  }
-  memset(cfg, 0, sizeof(*cfg));
-  cfg->gridDimX = dims[0], cfg->gridDimY = dims[1], cfg->gridDimZ = dims[2];
-  cfg->blockDimX = dims[3], cfg->blockDimY = dims[4], cfg->blockDimZ = dims[5];
-  cfg->sharedMemBytes = p->smem;
-  cfg->hStream = (NjStream)(uintptr_t)stream;
-  cfg->attrs = na ? attrs : NULL;
-  cfg->numAttrs = na;
+  const uint32_t cluster[3] = {p->cx, p->cy, p->cz};
+  nj_launch_config(cfg, attrs, dims, dims + 3, p->smem, stream, cluster, p->pdl, p->coop);
 }
 
 /* tl_launch(plan, tensors, device, stream) -> 0 launched (or an empty grid); 1 declined: take the Python path;
@@ -505,7 +478,7 @@ static PyObject *fast_tl_launch(PyObject *self, PyObject *const *args, Py_ssize_
   if (!function || !g_launch)
     return PyLong_FromLong(2);
   void *params[NJ_MAX_PARAMS];
-  NjLaunchAttribute attrs[4];
+  NjLaunchAttribute attrs[NJ_MAX_LAUNCH_ATTRS];
   NjLaunchConfig cfg;
   tl_config(p, dims, stream, slots, params, attrs, &cfg);
   NjResult r = g_launch(&cfg, (NjFunction)(uintptr_t)function, params, NULL);
@@ -568,7 +541,7 @@ static PyObject *fast_tl_floor(PyObject *self, PyObject *args) {
     return NULL;
   }
   void *params[NJ_MAX_PARAMS];
-  NjLaunchAttribute attrs[4];
+  NjLaunchAttribute attrs[NJ_MAX_LAUNCH_ATTRS];
   NjLaunchConfig cfg;
   tl_config(p, dims, stream, slots, params, attrs, &cfg);
   struct timespec a, b;

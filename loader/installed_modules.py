@@ -16,6 +16,7 @@ import pathlib
 import sys
 
 from nojit.loader.errors import BundleMismatchError
+from nojit.loader.packages import dist_info_dir, package_dirs
 
 
 def check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]) -> None:
@@ -65,8 +66,7 @@ def module_file(what: str, module_name: str, packages: tuple[str, ...]) -> str:
         top = sys.modules.get(root)
         dirs = list(getattr(top, "__path__", None) or ())
         if not dirs:
-            spec = importlib.util.find_spec(root)  # the package itself: one of `packages`
-            dirs = list(spec.submodule_search_locations or ()) if spec else []
+            dirs = list(package_dirs(root))  # the package itself: one of `packages`
         base = [os.path.join(d, *parts[1:]) for d in dirs[:1]]
         candidates = [c for b in base for c in (os.path.join(b, "__init__.py"), b + ".py")]
     for path in candidates:
@@ -107,8 +107,7 @@ def is_installed_file(package: str, origin: str) -> bool:
             record = dist.read_text("RECORD") or ""
         except importlib.metadata.PackageNotFoundError:
             pass
-        spec = importlib.util.find_spec(package)
-        dirs = tuple(os.path.realpath(d) for d in (spec.submodule_search_locations or ())) if spec else ()
+        dirs = tuple(os.path.realpath(d) for d in package_dirs(package))
         listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
         found = _installed[package] = (root, listed, dirs)
     root, listed, dirs = found
@@ -126,8 +125,6 @@ def is_installed_file(package: str, origin: str) -> bool:
 
 def _distribution(package: str) -> importlib.metadata.Distribution:
     """The package's distribution, found next to it (one directory listing) before a search of sys.path."""
-    from nojit.loader.bundle.versions import dist_info_dir
-
     found = dist_info_dir(package)
     if found is not None:
         return importlib.metadata.PathDistribution(pathlib.Path(found))

@@ -1,8 +1,9 @@
-"""Kernel ids to live objects: the one place that turns "module:qualname" into what it names.
+"""Kernel ids to live objects: what a bundle names, found in this process without letting bundle data pick what runs.
 
-The loader resolves a bundle's kernel ids only to modules that are installed files of the packages the
-bundle was built from (`resolve_installed`), so bundle data never picks what runs; the build side resolves
-its own kernel ids with `resolve_object`. Imported by both sides, it imports no serving module.
+The loader resolves every kernel a bundle names through `resolve_installed`, which imports a module only if it is an
+installed file of the packages the bundle was built from (installed_modules.check_importable). The build side
+resolves the kernels it plans with `resolve_object` and `jit_function_of`, so it imports this module, not the
+loader's entry point (`install`).
 """
 
 from __future__ import annotations

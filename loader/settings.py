@@ -16,8 +16,18 @@ from nojit.loader.errors import BundleError, NoJitError
 
 T = TypeVar("T")
 
-# Producer facts NOJIT_ALLOW_MISMATCH may name (versions.py compares them).
-MISMATCH_FACTS = ("vllm", "triton", "tilelang", "arch", "source")
+# The one table of tool-version policy: each producer fact the loader compares with this process (versions.py),
+# named by the word NOJIT_ALLOW_MISMATCH takes to serve a bundle anyway, with the installed distributions whose
+# versions it compares (none: a fact that is not a package version).
+TOOL_FACTS: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm",),  # where the kernels' sources came from
+    "triton": ("triton",),  # compiled the Triton cubins (their launch ABI, their key rules)
+    "tilelang": ("tilelang",),  # compiled the TileLang cubins (compared where it is installed)
+    "cutedsl": ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels"),  # wrote and traced the CuTeDSL objects, loads them
+    "arch": (),  # the GPU's compute capability
+    "source": (),  # a kernel's source hash
+}
+MISMATCH_FACTS = tuple(TOOL_FACTS)  # the words NOJIT_ALLOW_MISMATCH accepts
 
 
 class Mode(str, enum.Enum):
@@ -124,7 +134,7 @@ class Settings:
         "NOJIT_ALLOW_MISMATCH",
         frozenset(),
         "Comma-separated producer facts the loader may ignore when they differ: "
-        "vllm, triton, tilelang, arch, source (case-insensitive; any other word is an error). "
+        f"{', '.join(MISMATCH_FACTS)} (case-insensitive; any other word is an error). "
         "Default: none (refuse any mismatch).",
         MISMATCH_FACTS,
     )

@@ -38,8 +38,8 @@ def humming_module_name() -> str:
 
 def make(out: str, good_so: str) -> None:
     from nojit.aot.bundle_writer import write_bundle
-    from nojit.loader.runtimes.flashinfer.serving import FlashInferLaunch
-    from nojit.loader.runtimes.humming.serving import HummingLaunch
+    from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
+    from nojit.loader.bundle.records.humming import HummingLaunch
     from nojit.loader.bundle.manifest import DeepGemmLaunch, Entry, KernelRecord, Producer, Target
     from nojit.loader.bundle.versions import RuntimeVersions
 

@@ -54,6 +54,34 @@ def test_inspect_of_a_damaged_file_is_one_clear_line(tmp_path):
     assert p.stderr.startswith(f"nojit: error: {bad}") and "fix:" in p.stderr
 
 
+def test_deepseek_v4_rules_are_its_model_rooms_not_the_deployment_files(tmp_path):
+    """block_size 256, mtp only and fp8 KV are DeepSeek-V4's (aot/models/deepseek_v4/deployment_rules.py): the
+    deployment file loads with other values, the model room refuses each naming the field, and a model with no
+    rules of its own accepts the same deployment."""
+    import dataclasses
+
+    import pytest
+
+    from nojit.aot.deployment import default_deployment_text, load_deployment
+    from nojit.aot.errors import BuildError
+    from nojit.aot.faces import Model
+    from nojit.aot.models import model_for
+
+    dep = tmp_path / "d.toml"
+    dep.write_text(default_deployment_text().replace("block_size = 256", "block_size = 64"))
+    d = load_deployment(str(dep))  # the file's own rules hold
+    model = model_for(d.hf_config, d.hf_config_source)
+    with pytest.raises(BuildError, match=r"\[serving\] block_size = 64: .*accept only 256"):
+        model.check_deployment(d)
+    ok = dataclasses.replace(d, block_size=256)
+    model.check_deployment(ok)
+    for change, field in ((dict(speculative_method="eagle"), r"\[speculative\] method = 'eagle'"),
+                          (dict(kv_cache_dtype="bfloat16"), r"\[serving\] kv_cache_dtype = 'bfloat16'")):
+        with pytest.raises(BuildError, match=field):
+            model.check_deployment(dataclasses.replace(ok, **change))
+    Model(name="other", model_type="other", tables={}).check_deployment(d)  # no rules: nothing refused
+
+
 def test_bad_deployment_file_names_the_field(tmp_path):
     dep = tmp_path / "d.toml"
     dep.write_text(run_cli("build", "--print-default-deployment").stdout.replace("block_size = 256", "block_size = 64"))

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nojit.aot.bundle_writer import write_bundle
-from nojit.loader.bundle.file import HEADER, MAGIC, Bundle, Header, canonical_json
+from nojit.loader.bundle.file import HEADER, MAGIC, Bundle, Header
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.aot.errors import BuildError
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, NoJitError
 from nojit.loader.bundle.manifest import FORMAT_VERSION, Entry, KernelRecord, Producer, Target, TritonLaunch

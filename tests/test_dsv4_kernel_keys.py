@@ -42,7 +42,7 @@ from nojit.aot.deployment import load_deployment
 from nojit.aot.runtimes.triton.sources import resolve_kernel
 from nojit.aot.runtimes.triton.rows import Tensor
 from nojit.aot.models.deepseek_v4.derived import DSV4_DERIVED
-from nojit.loader.install import jit_function_of
+from nojit.loader.resolve import jit_function_of
 from nojit.aot.runtimes.triton.compiler import key_for_call
 from nojit.loader.bundle.triton_key import ArgSpecializer, key_to_json, make_binder, options_key, with_implicit_options
 

@@ -302,7 +302,7 @@ def test_a_package_planted_in_an_installed_package_is_never_imported(tmp_path):
 import os, sys
 sys.path.insert(0, {str(site)!r})
 from nojit.loader.errors import BundleMismatchError
-from nojit.loader.install import resolve_installed
+from nojit.loader.resolve import resolve_installed
 pk = ("nojit_fake_dist",)
 assert resolve_installed("nojit_fake_dist.good.mod:k", pk) == "good"  # control: a listed module resolves
 assert resolve_installed("nojit_fake_dist.ns.mod:k", pk) == "namespace"  # through a namespace folder
@@ -338,10 +338,10 @@ sys.path.insert(0, site)
 from nojit.loader.runtimes.cutedsl import serving as cs
 from nojit.loader.bundle.cutedsl_key import source_hash_of_files
 from nojit.loader.errors import BundleMismatchError
-from nojit.loader.install import resolve_installed
+from nojit.loader.resolve import resolve_installed
 from nojit.loader.bundle.manifest import KernelRecord
 from nojit.loader.policy import ServingPolicy
-from nojit.loader.settings import Mode
+from nojit.loader.settings import TOOL_FACTS, Mode
 cs.SOURCE_PACKAGES = ("nojit_fake_dist",)
 pkg = os.path.join(site, "nojit_fake_dist", "good")
 def version(tool):
@@ -355,7 +355,7 @@ names = {"wrong-hash": ["nojit_fake_dist.good.owner", "nojit_fake_dist.good.side
          "valid": ["nojit_fake_dist.good.owner", "nojit_fake_dist.good.side"]}[case]
 files = [(n, os.path.join(site, *n.split(".")) + ".py") for n in names]
 digest = source_hash_of_files(files) if case == "valid" else "0" * 64
-record = KernelRecord(kid, "cutedsl", digest, (), {"sources": names, **{t: version(t) for t in cs.TOOLS}})
+record = KernelRecord(kid, "cutedsl", digest, (), {"sources": names, **{t: version(t) for t in TOOL_FACTS["cutedsl"]}})
 bundle = SimpleNamespace(path="<fake bundle>", index=SimpleNamespace(kernels={kid: record}), entries=lambda k: ())
 pk = ("nojit_fake_dist",)
 try:

@@ -124,7 +124,7 @@ def test_a_duplicate_key_is_named_up_to_64_characters(tmp_path):
 
 
 def test_canonical_json_refuses_non_finite_numbers():
-    from nojit.loader.bundle.file import canonical_json
+    from nojit.loader.bundle.canonical import canonical_json
 
     assert canonical_json({"b": 1, "a": [1.5, "x"]}) == b'{"a":[1.5,"x"],"b":1}'
     for bad in (float("nan"), float("inf")):

@@ -229,11 +229,11 @@ def test_multi_step_draft_kernels_match_call_sites(monkeypatch):
     import dataclasses
 
     from nojit.aot.deployment import load_deployment
-    from nojit.aot.models.deepseek_v4.runner_derived import RUNNER_DERIVED
+    from nojit.aot.models.deepseek_v4 import TRITON
     from nojit.aot.runtimes.triton.enumeration import kernel_id
 
     d = dataclasses.replace(load_deployment(), num_speculative_tokens=2)
-    rows = {r.kernel: r for r in RUNNER_DERIVED if r.kernel.endswith(NOT_REACHED_WITH_K1)}
+    rows = {r.kernel: r for r in TRITON.derived if r.kernel.endswith(NOT_REACHED_WITH_K1)}
     spec = importlib.import_module("vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator")
     n, width = 5, 4096 * 4  # hidden_size * hc_mult: the drafter's hidden-state buffers
     buffers = SimpleNamespace(input_ids=t(NT), positions=t(NT, dtype=I64), query_start_loc=t(R + 1), seq_lens=t(R))

@@ -344,16 +344,76 @@ def test_allow_mismatch_words(monkeypatch):
     assert s.allow_mismatch == frozenset({"triton", "source"})
     for bad in ("all", "triton,everything", "*"):
         monkeypatch.setenv("NOJIT_ALLOW_MISMATCH", bad)
-        with pytest.raises(NoJitError, match="is not one of vllm, triton, tilelang, arch, source") as info:
+        with pytest.raises(NoJitError, match="is not one of vllm, triton, tilelang, cutedsl, arch, source") as info:
             s.allow_mismatch
         assert "there is no 'all'" in info.value.fix
     monkeypatch.setenv("NOJIT_ALLOW_MISMATCH", "")
     assert s.allow_mismatch == frozenset()
 
 
+def test_cutedsl_tool_versions_are_a_row_of_the_one_allow_table(monkeypatch, caplog):
+    """CuTeDSL's tool versions were refused with no allow word; they are the `cutedsl` row of the one table
+    (settings.TOOL_FACTS): another nvidia-cutlass-dsl is refused, naming the word, whatever other word is given,
+    and served, with a warning, when `cutedsl` is. Expected versions: read from package metadata directly."""
+    import importlib.metadata as md
+    from types import SimpleNamespace
+
+    from nojit.loader.runtimes.cutedsl.serving import check_tools
+    from nojit.loader.settings import MISMATCH_FACTS, TOOL_FACTS
+
+    tools = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")
+    assert TOOL_FACTS["cutedsl"] == tools and MISMATCH_FACTS == tuple(TOOL_FACTS)
+
+    def here(tool: str) -> str | None:
+        try:
+            return md.version(tool)
+        except md.PackageNotFoundError:
+            return None
+
+    same = {tool: here(tool) for tool in tools}
+    check_tools(SimpleNamespace(id="vllm.m:owner", info=same), "b.nojit", frozenset())  # the versions built with
+    other = SimpleNamespace(id="vllm.m:owner", info={**same, "nvidia-cutlass-dsl": "0.0.0"})
+    everything_else = frozenset(w for w in MISMATCH_FACTS if w != "cutedsl")
+    with pytest.raises(BundleMismatchError, match=r"nvidia-cutlass-dsl 0\.0\.0 \(bundle\)") as info:
+        check_tools(other, "b.nojit", everything_else)
+    assert "NOJIT_ALLOW_MISMATCH=cutedsl" in info.value.fix
+    with caplog.at_level("WARNING", logger="nojit"):
+        check_tools(other, "b.nojit", frozenset({"cutedsl"}))
+    assert any("nvidia-cutlass-dsl 0.0.0" in r.getMessage() and "NOJIT_ALLOW_MISMATCH=cutedsl" in r.getMessage()
+               for r in caplog.records)
+    monkeypatch.setenv("NOJIT_ALLOW_MISMATCH", "CuTeDSL")
+    assert settings_mod.settings.allow_mismatch == frozenset({"cutedsl"})
+
+
+def test_package_location_is_one_function_its_three_users_share(tmp_path, monkeypatch):
+    """"Where is package X installed" is packages.package_dirs for a bundle wheel's package (installed_bundles),
+    a tool's dist-info (versions) and vLLM's files (installed_modules): a package planted first on sys.path moves
+    all three."""
+    from nojit.loader import installed_modules, packages
+    from nojit.loader.bundle import installed as installed_bundles
+    from nojit.loader.bundle import versions
+
+    pkg = tmp_path / "nojit_probe_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise SystemExit('imported')\n")
+    dist = tmp_path / "nojit_probe_pkg-1.2.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: nojit_probe_pkg\nVersion: 1.2.3\n\n")
+    (dist / "RECORD").write_text("nojit_probe_pkg/__init__.py,,\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert packages.package_dirs("nojit_probe_pkg") == (str(pkg),) and "nojit_probe_pkg" not in sys.modules
+    assert packages.package_dirs("nojit_no_such_pkg") == () and packages.package_dirs("os") == ()  # a plain module
+    assert versions.dist_info_dir is packages.dist_info_dir and installed_modules.dist_info_dir is packages.dist_info_dir
+    assert versions.installed_version("nojit_probe_pkg") == "1.2.3"
+    assert installed_modules.is_installed_file("nojit_probe_pkg", str(pkg / "__init__.py"))
+    assert not installed_modules.is_installed_file("nojit_probe_pkg", str(tmp_path / "elsewhere.py"))
+    assert installed_bundles.package_dirs is packages.package_dirs
+    assert "nojit_probe_pkg" not in sys.modules
+
+
 def test_kernel_ids_import_only_installed_package_modules(tmp_path, monkeypatch):
     """`this:s` printed the Zen of Python; a planted module's top-level code ran. Neither is imported now."""
-    from nojit.loader.install import resolve_installed
+    from nojit.loader.resolve import resolve_installed
 
     planted = tmp_path / "planted_nojit_probe.py"
     planted.write_text("raise SystemExit('planted module ran')\n")

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from triton._utils import canonicalize_ptr_dtype
 
 from conftest import needs_vllm
-from nojit.loader.install import jit_function_of
+from nojit.loader.resolve import jit_function_of
 from nojit.aot.models.deepseek_v4.owners import REPORT_KERNELS
 from nojit.aot.runtimes.triton.compiler import key_for_call
+from nojit.loader.bundle.key_values import UnsupportedArgument
 from nojit.loader.bundle.triton_key import ArgSpecializer, generic_spec, key_from_json, key_to_json, make_binder, options_key, with_implicit_options
 
 INTS = [0, 1, 2, 15, 16, 17, -1, -16, -17, 1024, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 1, 2**32,
@@ -64,7 +65,7 @@ def check(fn, kwargs, options):
     try:
         expected = theirs(fn, kwargs, options)
     except (OverflowError, TypeError) as exc:  # Triton refuses the call: so must nojit (as a miss)
-        with pytest.raises(Exception):
+        with pytest.raises(UnsupportedArgument):  # the exact error the server reads as "not bundled"
             ours(fn, kwargs, options)
         return str(exc)
     got = ours(fn, kwargs, options)

@@ -44,9 +44,9 @@ from typing import Any
 
 import zstandard
 
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
-from nojit.loader.bundle.manifest import (  # canonical_json: also this module's name for it
-    canonical_json,
+from nojit.loader.bundle.manifest import (
     FORMAT_VERSION,
     VARIANTS,
     Entry,

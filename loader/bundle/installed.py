@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import stat
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 
 from nojit.loader.bundle.file import Bundle, Pin
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
+from nojit.loader.packages import package_dirs
 
 ENTRY_POINT_GROUP = "nojit.bundles"
 BUNDLE_INFO = "bundle.json"  # inside the bundle wheel's package: {"file": name, "sha256": hex}
@@ -36,22 +36,12 @@ class InstalledBundle:
     sha256: str
 
 
-def _package_dir(module: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return list(spec.submodule_search_locations)[0]
-
-
 def installed_bundles() -> list[InstalledBundle]:
     """Every bundle wheel installed in this environment, sorted by distribution name."""
     found = []
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else ep.name
-        where = _package_dir(ep.value)
+        where = next(iter(package_dirs(ep.value)), None)
         info_path = os.path.join(where, BUNDLE_INFO) if where else None
         if info_path is None or not os.path.isfile(info_path):
             raise BundleError(f"bundle wheel {dist}: package {ep.value} has no {BUNDLE_INFO}",

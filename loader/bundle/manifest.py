@@ -16,15 +16,15 @@ is the whole thing, for the writer and tools.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from nojit.loader.bundle.flashinfer_launch import FlashInferLaunch
-from nojit.loader.bundle.humming_launch import HummingLaunch
+from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
+from nojit.loader.bundle.records.humming import HummingLaunch
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
@@ -32,11 +32,6 @@ VARIANTS = ("exact", "generic")
 ARG_TYPE_CODES = frozenset("plLiuhHcfdeb")
 _HEX = frozenset("0123456789abcdef")
 MAX_CUBIN_BYTES = 64 << 20  # one cubin, raw; real ones are at most a few MB
-
-
-def canonical_json(obj: Any) -> bytes:
-    """The one JSON encoding used for manifests and digests: sorted keys, no whitespace."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 class _Fields:

@@ -10,15 +10,18 @@ Versions are read from package metadata, so checking TileLang's never imports it
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
+import logging
 import os
 import sys
 from dataclasses import dataclass
 
 from nojit.loader.errors import BundleMismatchError
 from nojit.loader.bundle.manifest import Index, Manifest
+from nojit.loader.packages import dist_info_dir
 
-from nojit.loader.settings import MISMATCH_FACTS  # noqa: F401  (the words NOJIT_ALLOW_MISMATCH accepts)
+from nojit.loader.settings import MISMATCH_FACTS, TOOL_FACTS  # noqa: F401  (the words NOJIT_ALLOW_MISMATCH accepts)
+
+log = logging.getLogger("nojit")
 
 
 def installed_version(distribution: str) -> str | None:
@@ -41,30 +44,6 @@ def installed_version(distribution: str) -> str | None:
         return None
 
 
-_listings: dict[str, list[str]] = {}
-
-
-def dist_info_dir(package: str) -> str | None:
-    """The one `<package>-*.dist-info` folder next to the importable package (None: not found, or several).
-    Each site folder is listed once per process (site-packages can hold thousands of entries)."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.origin:
-        return None
-    site = os.path.dirname(os.path.dirname(spec.origin))
-    names = _listings.get(site)
-    if names is None:
-        try:
-            names = _listings[site] = [n for n in os.listdir(site) if n.endswith(".dist-info")]
-        except OSError:
-            return None
-    prefix = f"{package}-"
-    found = [n for n in names if n.startswith(prefix) and n[len(prefix):len(prefix) + 1].isdigit()]
-    return os.path.join(site, found[0]) if len(found) == 1 else None
-
-
 @dataclass(frozen=True)
 class RuntimeVersions:
     """What the serving process has. None: not installed (or, for capability, not known yet)."""
@@ -75,7 +54,7 @@ class RuntimeVersions:
 
     @classmethod
     def of_this_process(cls) -> RuntimeVersions:
-        return cls(installed_version("vllm"), installed_version("triton"), installed_version("tilelang"))
+        return cls(*(installed_version(TOOL_FACTS[fact][0]) for fact in ("vllm", "triton", "tilelang")))
 
 
 def _runtimes(manifest: Manifest | Index) -> set[str]:
@@ -132,3 +111,17 @@ def check_source(kernel: str, bundled: str, live: str, path: str, allow: frozens
         f"(bundle source hash {bundled[:16]}, live {live[:16]})",
         fix="rebuild the bundle against the installed vLLM with `nojit build`",
     )
+
+
+def check_tool_versions(fact: str, built: dict[str, object], what: str, path: str, allow: frozenset[str]) -> list[str]:
+    """The versions of fact's tools (TOOL_FACTS) that `what` in bundle `path` was made with (`built`: distribution
+    -> version) against this process's: a difference is refused unless `fact` is allowed (then logged and returned)."""
+    diffs = [f"{tool} {built.get(tool)} (bundle) vs {here} (installed)"
+             for tool in TOOL_FACTS[fact] if built.get(tool) != (here := installed_version(tool))]
+    if diffs and fact not in allow:
+        raise BundleMismatchError(f"{what} in bundle {path} was made with other {fact} tools: {'; '.join(diffs)}",
+                                  fix=f"install the versions the bundle names, rebuild the bundle with these, or set "
+                                  f"NOJIT_ALLOW_MISMATCH={fact} to serve it anyway (it may then fail to load or be wrong)")
+    for line in diffs:
+        log.warning("nojit: serving %s from %s although %s (NOJIT_ALLOW_MISMATCH=%s)", what, path, line, fact)
+    return diffs

@@ -456,7 +456,7 @@ def _by_ordinal(launches: list[dict]) -> dict[tuple[str, str, int], dict]:
 def planned_keys(path: str) -> dict[str, set[str]]:
     """kernel id -> canonical JSON of each exact key a plan (`nojit build --emit-plan`) declares."""
     from nojit.aot.plan import Plan
-    from nojit.loader.bundle.file import canonical_json
+    from nojit.loader.bundle.canonical import canonical_json
 
     out: dict[str, set[str]] = collections.defaultdict(set)
     for r in Plan.read(path).requests:
@@ -467,7 +467,7 @@ def planned_keys(path: str) -> dict[str, set[str]]:
 
 def compare(jit: dict, loader: dict | None, planned: dict[str, set[str]] | None = None) -> tuple[list[dict], bool]:
     """Per kernel: keys reached, keys whose launches wrote, launches identical, outcomes, planned. And overall ok."""
-    from nojit.loader.bundle.file import canonical_json
+    from nojit.loader.bundle.canonical import canonical_json
 
     per: dict[str, dict] = collections.defaultdict(lambda: {
         "launches": 0, "identical": 0, "keys": {}, "written_launches": 0, "writes": set(), "in_place": set(),

@@ -99,7 +99,7 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
     compiles: list[str] = []
     triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiles.append(str(kw.get("key"))[:80])
     resolve = _resolver(sources)
-    from nojit.loader.install import jit_function_of
+    from nojit.loader.resolve import jit_function_of
 
     fn = jit_function_of(resolve(kernel))
     GRID = grid_for(fn)

@@ -62,7 +62,7 @@ def child_jit(a: argparse.Namespace) -> dict:
     import torch
 
     from check_triton import _resolver
-    from nojit.loader.install import jit_function_of
+    from nojit.loader.resolve import jit_function_of
     from nojit.loader.bundle.triton_key import key_from_json
     from triton_harness import fingerprint, grid_for, synthesize
 
@@ -88,7 +88,7 @@ def child_server(a: argparse.Namespace) -> dict:
     import torch
 
     from check_triton import _resolver
-    from nojit.loader.install import jit_function_of
+    from nojit.loader.resolve import jit_function_of
     from nojit.loader.install import install
     from nojit.loader.bundle.triton_key import key_from_json
     from triton_harness import fingerprint, grid_for, synthesize

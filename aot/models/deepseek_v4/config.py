@@ -22,6 +22,7 @@ import torch
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
+from nojit.aot.models.runner import KVCacheGroup
 from nojit.aot.vllm_env import import_kernel_module
 
 
@@ -40,6 +41,16 @@ def layer_compress_ratios(d: Deployment) -> list[int]:
     main = [max(1, int(hf.compress_rates.get(t, 0))) for t in hf.layer_types[: hf.num_hidden_layers]]
     mtp = [1] * int(hf.num_nextn_predict_layers) if d.speculative_method == "mtp" else []
     return main + mtp
+
+
+def kv_cache_groups(d: Deployment) -> tuple[KVCacheGroup, ...]:
+    """The KV-cache groups vLLM builds for DeepSeek-V4, as the runners' block tables see them: the main MLA
+    and indexer caches with the deployment's block_size (attention.py:868, 914), the SWA cache 64
+    (sparse_swa.py:85), the C4 / C128 compressor states 4 / 8 (compressor.py:160-173) where layers compress
+    so; SWA and compressor states are sliding-window specs keeping tokens (gpu/model_runner.py:658)."""
+    ratios = set(layer_compress_ratios(d))
+    states = [KVCacheGroup(4, True)] * (4 in ratios) + [KVCacheGroup(8, True)] * (128 in ratios)
+    return (KVCacheGroup(d.block_size, False), KVCacheGroup(64, True), *states)
 
 
 def indexer_kv_block_stride(d: Deployment) -> int:

@@ -3,7 +3,7 @@
 Rows (see nojit.aot.runtimes.triton.rows) name vLLM's own warmup owner, the JITFunction it
 launches, and the arguments vLLM's model code passes to `register_warmup` (file:line in vLLM
 0.33.0), as a function of the deployment. Rows are tagged with the group they belong to, so a
-build can select them. The model runners' owners are in runner_owners.
+build can select them. The model runners' owners are in aot/models/runner/owners.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 from nojit.aot.errors import BuildError
 from nojit.aot.target import TARGET
-from nojit.loader.bundle.file import canonical_json
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.loader.bundle.cutedsl_key import cache_slot, key_from_json
 
 ARCH_VAR = "CUTE_DSL_ARCH"

@@ -32,8 +32,9 @@ from nojit.aot.vllm_env import import_kernel_module
 from nojit.loader.bundle.cutedsl_key import key_to_json, source_hash
 from nojit.loader.errors import BundleMismatchError, NoJitError
 from nojit.loader.bundle import cutedsl_key
-from nojit.loader.install import resolve_object
+from nojit.loader.resolve import resolve_object
 from nojit.loader.bundle.manifest import CuteLaunch
+from nojit.loader.settings import TOOL_FACTS
 
 NAME = "cutedsl"
 
@@ -102,8 +103,7 @@ def _modules(names: list[str]) -> list[Any]:
 
 def tool_versions() -> dict[str, str]:
     """The packages that shape a CuTeDSL object file and load it; the loader compares them."""
-    return {"nvidia-cutlass-dsl": package_version("nvidia-cutlass-dsl"),
-            "apache-tvm-ffi": package_version("apache-tvm-ffi"), "quack-kernels": package_version("quack-kernels")}
+    return {tool: package_version(tool) for tool in TOOL_FACTS["cutedsl"]}
 
 
 def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:

@@ -26,7 +26,7 @@ from nojit.aot.runtimes.flashinfer.compiler import build_root, compile_module, n
 from nojit.aot.runtimes.flashinfer.modules import reached_modules
 from nojit.aot.runtimes.flashinfer.specs import cuda_architecture, flashinfer_target, make_spec, spec_digest
 from nojit.aot.target import TARGET
-from nojit.loader.bundle.flashinfer_launch import FlashInferLaunch
+from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
 from nojit.loader.strict.toolchain import find_tool
 
 NAME = "flashinfer"

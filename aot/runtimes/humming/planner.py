@@ -34,8 +34,9 @@ from nojit.aot.runtimes.humming import standin
 from nojit.aot.runtimes.humming.enumerate import enumerate_kernels
 from nojit.aot.target import TARGET
 from nojit.loader.runtimes.humming import cache as humming_cache
-from nojit.loader.bundle.humming_launch import HummingLaunch
-from nojit.loader.runtimes.humming.serving import NAME
+from nojit.loader.bundle.records.humming import HummingLaunch
+
+NAME = "humming"
 
 # The kernel classes Humming's MoE path constructs (humming.kernel.*): at the first forward, and in the weight
 # transform at weight loading; a --kernels selection naming none skips planning.

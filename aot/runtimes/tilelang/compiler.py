@@ -54,52 +54,16 @@ _K_ARR_DATA, _K_ARR_SHAPE, _K_ARG_VALUE = 1, 2, 15  # TVM builtin::TVMStructFiel
 
 @dataclass(frozen=True)
 class CompiledTileLangVariant:
-    """A compiled variant: the sm_90a cubin and how to launch it (`launch` is the bundle's schema)."""
+    """A compiled variant: the sm_90a cubin, how to launch it (the bundle format's TileLangLaunch), and what the
+    build recorded about the compile."""
 
     variant_id: str
     kernel: str
     key: tuple[Any, ...]
     cubin: bytes
-    symbol: str
-    params: tuple[dict[str, Any], ...]
-    dynamic_vars: dict[str, dict[str, Any]]
-    grid: tuple[Expr, Expr, Expr]
-    block: tuple[Expr, Expr, Expr]
-    dynamic_smem_bytes: int
-    pdl: bool
-    cluster_dims: tuple[int, ...] | None
-    cooperative: bool
-    tensor_params: tuple[dict[str, Any], ...]
+    launch: TileLangLaunch
     cuda_source: str = field(repr=False)
     compile_record: dict[str, Any] = field(repr=False)
-
-    @property
-    def launch(self) -> TileLangLaunch:
-        """The bundle's launch schema for this cubin (as CompiledTriton.launch is Triton's)."""
-        return TileLangLaunch(
-            symbol=self.symbol,
-            params=tuple({k: p[k] for k in ("kind", "name", "dtype", "ctype") if k in p} for p in self.params),
-            tensor_params=tuple({k: t[k] for k in ("name", "position", "dtype", "shape", "strides", "used_by_kernel")}
-                                for t in self.tensor_params),
-            dynamic_vars=self.dynamic_vars,
-            grid=tuple(self.grid),
-            block=tuple(self.block),
-            dynamic_smem=self.dynamic_smem_bytes,
-            pdl=self.pdl,
-            cluster_dims=tuple(self.cluster_dims) if self.cluster_dims else None,
-            cooperative=self.cooperative,
-        )
-
-    def describe(self) -> dict[str, Any]:
-        """Everything but the binaries, as JSON."""
-        return {
-            "variant_id": self.variant_id, "kernel": self.kernel, "key": repr(self.key), "symbol": self.symbol,
-            "params": list(self.params), "dynamic_vars": self.dynamic_vars, "grid": list(self.grid),
-            "block": list(self.block), "dynamic_smem_bytes": self.dynamic_smem_bytes, "pdl": self.pdl,
-            "cluster_dims": list(self.cluster_dims) if self.cluster_dims else None,
-            "cooperative": self.cooperative, "tensor_params": list(self.tensor_params),
-            "compile_record": self.compile_record,
-        }
 
 
 # ----------------------------------------------------------------------------- nvcc at a fixed path
@@ -353,7 +317,8 @@ def _vars_in(e: Any) -> list[Any]:
 
 
 def _launch_schema(prim_func: Any, host_mod: Any, device_mod: Any) -> dict[str, Any]:
-    """Read parameters, dynamic vars and launch configuration from the lowered program."""
+    """Read parameters, dynamic vars and launch configuration from the lowered program: TileLangLaunch's fields
+    but its tensor parameters (`_tensor_params`)."""
     devices = list(device_mod.functions.items())
     if len(devices) != 1:
         raise BuildError(f"expected one device kernel, found {len(devices)}")
@@ -387,15 +352,14 @@ def _launch_schema(prim_func: Any, host_mod: Any, device_mod: Any) -> dict[str, 
             buf = prim_func.buffer_map[prim_func.params[index]]
             if not buf.data.same_as(arg):
                 raise BuildError(f"device arg {arg} resolved to {buf.name} but is not that buffer's data")
-            params.append({"kind": "tensor", "name": buf.name, "dtype": str(buf.dtype),
-                           "shape": [_expr(d) for d in buf.shape]})
+            params.append({"kind": "tensor", "name": buf.name, "dtype": str(buf.dtype)})
         else:
             from tvm import tirx
 
             if not isinstance(arg, tirx.Var):
                 raise BuildError(f"scalar device argument {arg} is not a variable")
-            params.append({"kind": "scalar", "name": arg.name, "ctype": str(dev_param.dtype),
-                           "source": dict(dynamic(arg))})
+            dynamic(arg)  # where the launch reads it
+            params.append({"kind": "scalar", "name": arg.name, "ctype": str(dev_param.dtype)})
 
     launch = dict(zip(launch_names, host.call_args[n_dev:]))
     for value in launch.values():
@@ -420,25 +384,24 @@ def _launch_schema(prim_func: Any, host_mod: Any, device_mod: Any) -> dict[str, 
     cluster = attrs.get("cluster_dims")
     return {
         "symbol": symbol, "params": tuple(params), "dynamic_vars": dynamic_vars, "grid": grid, "block": block,
-        "dynamic_smem_bytes": smem,
+        "dynamic_smem": smem,
         "pdl": bool(int(attrs.get("has_cuda_pdl_sync", 0)) or int(attrs.get("has_cuda_pdl_trigger", 0))),
-        "cluster_dims": tuple(int(c) for c in cluster) if cluster is not None else None,
+        "cluster_dims": tuple(int(c) for c in cluster) or None if cluster is not None else None,
         "cooperative": bool(attrs.get("use_cooperative_groups", False)),
     }
 
 
 def _tensor_params(jit_impl: Any, prim_func: Any, used: set[str]) -> tuple[dict[str, Any], ...]:
     """All tensor parameters of the Python kernel function, in its signature order."""
-    by_name = {prim_func.buffer_map[p].name: (i, prim_func.buffer_map[p])
-               for i, p in enumerate(prim_func.params) if p in prim_func.buffer_map}
+    by_name = {prim_func.buffer_map[p].name: prim_func.buffer_map[p] for p in prim_func.params if p in prim_func.buffer_map}
     out = []
     for position, name in enumerate(jit_impl.signature.parameters):
         if name not in jit_impl.func.tensor_args:
             continue
         if name not in by_name:
             raise BuildError(f"tensor parameter {name} is missing from the lowered TileLang function")
-        packed_index, buf = by_name[name]
-        out.append({"name": name, "position": position, "packed_index": packed_index, "dtype": str(buf.dtype),
+        buf = by_name[name]
+        out.append({"name": name, "position": position, "dtype": str(buf.dtype),
                     "shape": [_expr(d) for d in buf.shape],
                     # What TileLang's host code checks (it skips the stride of a size-1 dim); None = compact.
                     "strides": [_expr(d) for d in buf.strides] or None, "used_by_kernel": name in used})
@@ -492,8 +455,6 @@ def compile_variant(variant: TileLangCall, workdir: str, *, lineinfo: bool = Fal
         "execution_backend": kernel.execution_backend,
         "tilelang_version": tilelang.__version__,
     }
-    return CompiledTileLangVariant(
-        variant_id=variant.variant_id, kernel=variant.kernel, key=variant.key, cubin=run.cubin,
-        tensor_params=_tensor_params(jit_impl, kernel.prim_func, used), cuda_source=run.code,
-        compile_record=record, **schema,
-    )
+    launch = TileLangLaunch(tensor_params=_tensor_params(jit_impl, kernel.prim_func, used), **schema)
+    return CompiledTileLangVariant(variant_id=variant.variant_id, kernel=variant.kernel, key=variant.key,
+                                   cubin=run.cubin, launch=launch, cuda_source=run.code, compile_record=record)

@@ -24,7 +24,7 @@ from typing import Any
 
 from nojit.aot.vllm_env import import_kernel_module, installed_platform
 from nojit.aot.errors import BuildError
-from nojit.loader.install import resolve_object
+from nojit.loader.resolve import resolve_object
 
 OWNERS_MODULE = "vllm.model_executor.kernels.mhc.tilelang_kernels"
 

@@ -28,7 +28,7 @@ from nojit.aot.runtimes.triton.enumeration import (
 )
 from nojit.aot.runtimes.triton.rows import TritonTables
 from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
-from nojit.loader.install import jit_function_of
+from nojit.loader.resolve import jit_function_of
 from nojit.loader.bundle.manifest import TritonLaunch
 from nojit.loader.bundle.versions import installed_version
 from nojit.loader.bundle.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params

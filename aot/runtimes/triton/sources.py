@@ -16,7 +16,7 @@ from typing import Any
 
 from nojit.aot.errors import BuildError
 from nojit.aot.vllm_env import import_kernel_module
-from nojit.loader.install import resolve_object
+from nojit.loader.resolve import resolve_object
 
 _loaded_files: dict[str, Any] = {}
 

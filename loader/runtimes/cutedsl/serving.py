@@ -14,7 +14,6 @@ let vLLM's own compile run (record writes the key for `nojit build --add-keys`).
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import tempfile
 import threading
@@ -26,10 +25,10 @@ from nojit.loader.errors import BundleMismatchError, LaunchError
 from nojit.loader.installed_modules import module_file
 from nojit.loader.bundle.manifest import CuteLaunch, Entry, KernelRecord
 from nojit.loader.policy import ServingPolicy
-from nojit.loader.bundle.versions import check_source
+from nojit.loader.settings import TOOL_FACTS
+from nojit.loader.bundle.versions import check_source, check_tool_versions
 
 RUNTIME = "cutedsl"
-TOOLS = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")  # what wrote and traced the objects, what loads them
 
 
 class CuteKernelServer:
@@ -109,21 +108,11 @@ class CuteKernelServer:
         self.owner.__dict__.pop("compile", None)
 
 
-def check_tools(record: KernelRecord, bundle_path: str) -> None:
-    """The CuTeDSL and TVM-FFI versions the objects were written with against this process's."""
-    differences = []
-    for tool in TOOLS:
-        built = record.info.get(tool)
-        try:
-            here = importlib.metadata.version(tool)
-        except importlib.metadata.PackageNotFoundError:
-            here = None
-        if built != here:
-            differences.append(f"{tool} {built} (bundle) vs {here} (installed)")
-    if differences:
-        raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path} was exported with other CuTeDSL "
-                                  f"tools: {'; '.join(differences)}",
-                                  fix="install the versions the bundle names, or rebuild the bundle with these")
+def check_tools(record: KernelRecord, bundle_path: str, allow: frozenset[str]) -> None:
+    """The CuTeDSL, TVM-FFI and quack versions the objects were written with against this process's (the
+    `cutedsl` row of TOOL_FACTS; NOJIT_ALLOW_MISMATCH=cutedsl serves them anyway)."""
+    built = {tool: record.info.get(tool) for tool in TOOL_FACTS["cutedsl"]}
+    check_tool_versions("cutedsl", built, f"kernel {record.id}", bundle_path, allow)
 
 
 MAX_SOURCES = 64  # modules one record's source hash may cover (real records list a handful)
@@ -148,7 +137,7 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow:
     servers: dict[str, CuteKernelServer] = {}
     for kid in kernel_ids:
         record = bundle.index.kernels[kid]
-        check_tools(record, bundle.path)
+        check_tools(record, bundle.path, allow)
         listed = record.info.get("sources")
         files = _source_files(record, listed, bundle.path) if listed is not None else None
         if files is not None:

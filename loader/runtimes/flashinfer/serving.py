@@ -37,7 +37,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from nojit.loader.bundle.flashinfer_launch import KINDS, FlashInferLaunch  # noqa: F401 (the runtime's record)
+from nojit.loader.bundle.records.flashinfer import KINDS, FlashInferLaunch  # noqa: F401 (the runtime's record)
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, KernelNotInBundleError
 from nojit.loader.private_dir import PrivateDir, open_private
 from nojit.loader.settings import Mode

@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from nojit.loader.bundle.humming_launch import COMPILERS, HummingLaunch  # noqa: F401 (the runtime's record)
+from nojit.loader.bundle.records.humming import COMPILERS, HummingLaunch  # noqa: F401 (the runtime's record)
 from nojit.loader.errors import BundleCorruptError, BundleMismatchError
 from nojit.loader.private_dir import open_private
 

@@ -1,4 +1,5 @@
-"""Derived keys for vLLM's model-runner kernels on the DeepSeek-V4 path (see triton_derived).
+"""Derived keys for vLLM's model-runner kernels, for any model served through them (see triton_derived);
+what depends on the model's KV-cache groups takes them from its room (`runner_derived(kv_groups)`).
 
 The V2 runner (vllm/v1/worker/gpu, the default) launches plain @triton.jit kernels that no
 warmup owner declares; vLLM only warms them by running fake scheduler steps
@@ -35,6 +36,8 @@ from typing import Any
 import torch
 
 from nojit.aot.deployment import Deployment
+from nojit.aot.errors import BuildError
+from nojit.aot.models.runner import KVCacheGroup, KVGroups
 from nojit.aot.runtimes.triton.rows import DerivedKernel, Tensor
 
 I32, I64, U64, F32, BOOL = torch.int32, torch.int64, torch.uint64, torch.float32, torch.bool
@@ -171,15 +174,15 @@ def _expand_idx_mapping(d: Deployment) -> Calls:
 
 
 # ------------------------------------------------------------------------ block tables, staged writes
-def _gather_block_tables(d: Deployment) -> Calls:
-    # MASK_SLIDING_WINDOW: prepare_attn passes num_computed_tokens and DeepSeek-V4's SWA and
-    # compressor-state groups are SlidingWindowMLASpec (retained tokens > 0,
-    # gpu/model_runner.py:658). num_reqs is do_not_specialize.
+def _gather_block_tables(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
+    # MASK_SLIDING_WINDOW: prepare_attn passes num_computed_tokens; the mask is on when a group is a
+    # sliding window keeping tokens (gpu/model_runner.py:658, block_table.py:63; DeepSeek-V4's SWA and
+    # compressor-state groups). num_reqs is do_not_specialize.
     return on(v2(d), [dict(
         batch_idx_to_req_idx=T(I64), src_block_table_ptrs=T(U64), dst_block_table_ptrs=T(U64),
         block_table_strides=T(I64), num_blocks_ptr=T(I32), num_blocks_stride=d.max_num_seqs, num_reqs=OTHER,
         num_computed_tokens_ptr=T(I32), sliding_window_reach_ptr=T(I32), block_sizes_ptr=T(I32),
-        MASK_SLIDING_WINDOW=True, BLOCK_SIZE=1024)])
+        MASK_SLIDING_WINDOW=any(g.sliding_window for g in groups), BLOCK_SIZE=1024)])
 
 
 def _compute_slot_mappings(d: Deployment) -> Calls:
@@ -190,7 +193,7 @@ def _compute_slot_mappings(d: Deployment) -> Calls:
         CP_SIZE=1, CP_INTERLEAVE=1, PAD_ID=-1, TRITON_BLOCK_SIZE=1024)])
 
 
-def _apply_write(d: Deployment) -> Calls:
+def _apply_write(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
     # StagedWriteTensor.apply_write: (target dtype, row stride) of each staged tensor.
     staged = [
         (I32, d.max_model_len),  # RequestState.all_token_ids (states.py:37), UVA
@@ -203,7 +206,12 @@ def _apply_write(d: Deployment) -> Calls:
                   write_contents_ptr=T(dt), write_cu_lens_ptr=T(I32), write_group_ids_ptr=None,
                   BLOCK_SIZE=1024, MULTI_GROUP=False) for dt, stride in staged]
     # Block tables of several KV cache groups (DeepSeek-V4 has 256-, 64-, 8- and 4-token
-    # groups): one FusedStagedWriter launch (buffer_utils.py:296, block_table.py:155).
+    # groups): one FusedStagedWriter launch (buffer_utils.py:296, block_table.py:155). One group
+    # writes its block table directly (block_table.py:149): a row no model here needs yet.
+    if v2(d) and len(groups) < 2:
+        raise BuildError(f"{d.source}: the V2 runner rows know block tables of several KV-cache groups only "
+                         f"(this model has {len(groups)})",
+                         fix="add the single-group apply_write row to aot/models/runner/derived.py")
     calls.append(dict(output_ptr=T(U64), output_stride=T(I64), write_indices_ptr=T(I32), write_starts_ptr=T(I32),
                       write_contents_ptr=T(I32), write_cu_lens_ptr=T(I32), write_group_ids_ptr=T(I32),
                       BLOCK_SIZE=1024, MULTI_GROUP=True))
@@ -413,54 +421,58 @@ def _row(kernel: str, site: str, calls: Any, why: str = WHY_V2, groups: tuple[st
     return DerivedKernel(kernel, site, calls, why, groups)
 
 
-RUNNER_DERIVED: tuple[DerivedKernel, ...] = (
-    # Input preparation (gpu/model_runner.py:1388-1593 prepare_inputs, 1720 postprocess_sampled).
-    _row(f"{IB}:_prepare_prefill_inputs_kernel", "v1/worker/gpu/input_batch.py:340", _prepare_prefill_inputs),
-    _row(f"{IB}:_prepare_pos_seq_lens_kernel", "v1/worker/gpu/input_batch.py:403", _prepare_pos_seq_lens),
-    _row(f"{IB}:_combine_sampled_and_draft_tokens_kernel", "v1/worker/gpu/input_batch.py:495",
-         _combine_sampled_and_draft_tokens),
-    _row(f"{IB}:_get_num_sampled_and_rejected_kernel", "v1/worker/gpu/input_batch.py:554",
-         _get_num_sampled_and_rejected),
-    _row(f"{IB}:_post_update_kernel", "v1/worker/gpu/input_batch.py:668", _post_update),
-    _row(f"{IB}:_expand_idx_mapping_kernel", "v1/worker/gpu/input_batch.py:752", _expand_idx_mapping,
-         WHY_SPEC, GROUPS_SPEC_V2),
-    # Block tables and staged buffer writes.
-    _row(f"{BT}:_gather_block_tables_kernel", "v1/worker/gpu/block_table.py:197", _gather_block_tables),
-    _row(f"{BT}:_compute_slot_mappings_kernel", "v1/worker/gpu/block_table.py:242", _compute_slot_mappings),
-    _row(f"{BU}:_apply_write_kernel", "v1/worker/gpu/buffer_utils.py:223,296", _apply_write),
-    _row("vllm.v1.worker.utils:_zero_kv_blocks_kernel", "v1/worker/utils.py:247", _zero_kv_blocks,
-         "unregistered KV-block zeroing of both runners; warmed by KVBlockZeroer.warmup",
-         ("runner", "runner-v2", "runner-v1")),
-    # Sampler (gpu/sample/sampler.py) and its logits processors.
-    _row(f"{SMP}.gumbel:_gumbel_sample_kernel", "v1/worker/gpu/sample/gumbel.py:390", _gumbel_sample),
-    _row(f"{SMP}.gumbel:_temperature_kernel", "v1/worker/gpu/sample/gumbel.py:55", _temperature),
-    _row(f"{SMP}.min_p:_min_p_kernel", "v1/worker/gpu/sample/min_p.py:53", _min_p),
-    _row(f"{SMP}.penalties:_penalties_kernel", "v1/worker/gpu/sample/penalties.py:201", _penalties),
-    _row(f"{SMP}.penalties:_bincount_kernel", "v1/worker/gpu/sample/penalties.py:287", _bincount),
-    _row(f"{SMP}.logit_bias:_bias_kernel", "v1/worker/gpu/sample/logit_bias.py:327", _bias),
-    _row(f"{SMP}.bad_words:_bad_words_kernel", "v1/worker/gpu/sample/bad_words.py:182", _bad_words),
-    _row(f"{SMP}.logprob:_topk_log_softmax_kernel", "v1/worker/gpu/sample/logprob.py:97", _topk_log_softmax),
-    _row(f"{SMP}.logprob:_ranks_kernel", "v1/worker/gpu/sample/logprob.py:174", _ranks),
-    # MTP verification (gpu/spec_decode/rejection_sampler.py) and drafting.
-    _row(f"{RS}:_gather_draft_sampled_kernel", "v1/worker/gpu/spec_decode/rejection_sampler.py:132",
-         _gather_draft_sampled, WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{RS}:_flatten_sampled_kernel", "v1/worker/gpu/spec_decode/rejection_sampler.py:200", _flatten_sampled,
-         WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{RSU}:_compute_local_logits_stats_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1196",
-         _local_logits_stats, WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{RSU}:_rejection_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1306", _rejection,
-         WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{RSU}:_resample_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1360", _resample,
-         WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{RSU}:_insert_resampled_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1397",
-         _insert_resampled, WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{SPEC}:_prepare_prefill_inputs_kernel",
-         "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py:785", _spec_prepare_prefill,
-         WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{SPEC}:_prepare_decode_inputs_kernel",
-         "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py:873", _spec_prepare_decode,
-         WHY_SPEC, GROUPS_SPEC_V2),
-    _row(f"{SPEC}:_update_draft_inputs_kernel",
-         "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py:976", _spec_update_draft,
-         WHY_SPEC, GROUPS_SPEC_V2),
-)
+def runner_derived(kv_groups: KVGroups) -> tuple[DerivedKernel, ...]:
+    """The runners' derived rows for a model whose deployments have `kv_groups`."""
+    return (
+        # Input preparation (gpu/model_runner.py:1388-1593 prepare_inputs, 1720 postprocess_sampled).
+        _row(f"{IB}:_prepare_prefill_inputs_kernel", "v1/worker/gpu/input_batch.py:340", _prepare_prefill_inputs),
+        _row(f"{IB}:_prepare_pos_seq_lens_kernel", "v1/worker/gpu/input_batch.py:403", _prepare_pos_seq_lens),
+        _row(f"{IB}:_combine_sampled_and_draft_tokens_kernel", "v1/worker/gpu/input_batch.py:495",
+             _combine_sampled_and_draft_tokens),
+        _row(f"{IB}:_get_num_sampled_and_rejected_kernel", "v1/worker/gpu/input_batch.py:554",
+             _get_num_sampled_and_rejected),
+        _row(f"{IB}:_post_update_kernel", "v1/worker/gpu/input_batch.py:668", _post_update),
+        _row(f"{IB}:_expand_idx_mapping_kernel", "v1/worker/gpu/input_batch.py:752", _expand_idx_mapping,
+             WHY_SPEC, GROUPS_SPEC_V2),
+        # Block tables and staged buffer writes.
+        _row(f"{BT}:_gather_block_tables_kernel", "v1/worker/gpu/block_table.py:197",
+             lambda d: _gather_block_tables(d, kv_groups(d))),
+        _row(f"{BT}:_compute_slot_mappings_kernel", "v1/worker/gpu/block_table.py:242", _compute_slot_mappings),
+        _row(f"{BU}:_apply_write_kernel", "v1/worker/gpu/buffer_utils.py:223,296",
+             lambda d: _apply_write(d, kv_groups(d))),
+        _row("vllm.v1.worker.utils:_zero_kv_blocks_kernel", "v1/worker/utils.py:247", _zero_kv_blocks,
+             "unregistered KV-block zeroing of both runners; warmed by KVBlockZeroer.warmup",
+             ("runner", "runner-v2", "runner-v1")),
+        # Sampler (gpu/sample/sampler.py) and its logits processors.
+        _row(f"{SMP}.gumbel:_gumbel_sample_kernel", "v1/worker/gpu/sample/gumbel.py:390", _gumbel_sample),
+        _row(f"{SMP}.gumbel:_temperature_kernel", "v1/worker/gpu/sample/gumbel.py:55", _temperature),
+        _row(f"{SMP}.min_p:_min_p_kernel", "v1/worker/gpu/sample/min_p.py:53", _min_p),
+        _row(f"{SMP}.penalties:_penalties_kernel", "v1/worker/gpu/sample/penalties.py:201", _penalties),
+        _row(f"{SMP}.penalties:_bincount_kernel", "v1/worker/gpu/sample/penalties.py:287", _bincount),
+        _row(f"{SMP}.logit_bias:_bias_kernel", "v1/worker/gpu/sample/logit_bias.py:327", _bias),
+        _row(f"{SMP}.bad_words:_bad_words_kernel", "v1/worker/gpu/sample/bad_words.py:182", _bad_words),
+        _row(f"{SMP}.logprob:_topk_log_softmax_kernel", "v1/worker/gpu/sample/logprob.py:97", _topk_log_softmax),
+        _row(f"{SMP}.logprob:_ranks_kernel", "v1/worker/gpu/sample/logprob.py:174", _ranks),
+        # MTP verification (gpu/spec_decode/rejection_sampler.py) and drafting.
+        _row(f"{RS}:_gather_draft_sampled_kernel", "v1/worker/gpu/spec_decode/rejection_sampler.py:132",
+             _gather_draft_sampled, WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{RS}:_flatten_sampled_kernel", "v1/worker/gpu/spec_decode/rejection_sampler.py:200", _flatten_sampled,
+             WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{RSU}:_compute_local_logits_stats_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1196",
+             _local_logits_stats, WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{RSU}:_rejection_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1306", _rejection,
+             WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{RSU}:_resample_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1360", _resample,
+             WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{RSU}:_insert_resampled_kernel", "v1/worker/gpu/spec_decode/rejection_sampler_utils.py:1397",
+             _insert_resampled, WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{SPEC}:_prepare_prefill_inputs_kernel",
+             "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py:785", _spec_prepare_prefill,
+             WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{SPEC}:_prepare_decode_inputs_kernel",
+             "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py:873", _spec_prepare_decode,
+             WHY_SPEC, GROUPS_SPEC_V2),
+        _row(f"{SPEC}:_update_draft_inputs_kernel",
+             "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py:976", _spec_update_draft,
+             WHY_SPEC, GROUPS_SPEC_V2),
+    )

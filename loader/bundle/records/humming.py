@@ -1,4 +1,5 @@
-"""Humming's launch record in the manifest: the parts of Humming's cache key that belong to the kernel."""
+"""Humming's launch record: what a bundle entry of runtime "humming" stores (the format's, read by the manifest
+and written by the build side; loader/runtimes/humming/serving.py seeds Humming's cache with what it names)."""
 
 from __future__ import annotations
 

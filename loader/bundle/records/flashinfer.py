@@ -1,4 +1,5 @@
-"""FlashInfer's launch record in the manifest: an entry's name where the loader seeds it, and its kind."""
+"""FlashInfer's launch record: what a bundle entry of runtime "flashinfer" stores (the format's, read by the
+manifest and written by the build side; loader/runtimes/flashinfer/serving.py seeds what it names)."""
 
 from __future__ import annotations
 
