@@ -16,7 +16,7 @@ setup(
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
             py_limited_api=True,
         ),
-        Extension(  # strict mode's refusing stubs for NVRTC and nvJitLink (loader/inprocess_guard.py)
+        Extension(  # strict mode's refusing stubs for NVRTC and nvJitLink (loader/strict/inprocess_guard.py)
             "nojit.loader._inproc",
             sources=["csrc/nojit_inproc.c"],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],

@@ -34,12 +34,12 @@ from nojit.aot.progress import Progress, clock
 from nojit.aot.reproducible import canonical_source_paths
 from nojit.aot.runtimes import RUNTIMES, runtime
 from nojit.aot.vllm_env import PlatformFacts, install_deployment_platform
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import NoJitError
 from nojit.aot.target import TARGET
-from nojit.loader.manifest import Entry, KernelRecord, Manifest, Producer
-from nojit.loader.toolchain import probe as probe_toolchain
-from nojit.loader.versions import installed_version
+from nojit.loader.bundle.manifest import Entry, KernelRecord, Manifest, Producer
+from nojit.loader.strict.toolchain import probe as probe_toolchain
+from nojit.loader.bundle.versions import installed_version
 
 
 @dataclass
@@ -237,7 +237,7 @@ def _producer(plan: Plan, tools: dict[str, str]) -> Producer:
         nvcc=tools.get("nvcc"),
         python=py_platform.python_version(),
         torch=installed_version("torch"),
-        toolchain=probe_toolchain() or None,  # replayed by strict mode's compiler stand-ins (loader/firewall.py)
+        toolchain=probe_toolchain() or None,  # replayed by strict mode's compiler stand-ins (loader/strict/firewall.py)
     )
 
 

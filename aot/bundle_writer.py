@@ -3,7 +3,7 @@
 Same inputs, same bytes: entries and blobs are sorted, the index and each kernel's section
 are canonical JSON with no timestamps, and every zstandard frame is made with the same fixed
 parameters. A crash or an error while writing leaves no bundle at the destination, only the
-old one. Layout: loader/bundle_file.py.
+old one. Layout: loader/bundle/file.py.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import BinaryIO
 
 import zstandard
 
-from nojit.loader.bundle_file import HEADER, Header
-from nojit.loader.canonical import canonical_json
+from nojit.loader.bundle.file import HEADER, Header
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.aot.errors import BuildError
-from nojit.loader.manifest import (
+from nojit.loader.bundle.manifest import (
     FORMAT_VERSION,
     BlobRef,
     Entry,

@@ -19,7 +19,7 @@ def _build(args: argparse.Namespace) -> int:
     from nojit.aot.build import BuildOptions, build
     from nojit.aot.deployment import DEFAULT_DEPLOYMENT, default_deployment_text, load_deployment
     from nojit.aot.report import summary
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     if args.print_default_deployment:
         sys.stdout.write(default_deployment_text())
@@ -108,7 +108,7 @@ def _build_many(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from nojit.aot.report import summary
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     bundle = Bundle.open(args.bundle)
     if args.verify:
@@ -129,7 +129,7 @@ def _coverage(args: argparse.Namespace) -> int:
     from nojit.aot.bundle_writer import write_text_atomically
     from nojit.aot.deployment import DEFAULT_DEPLOYMENT, load_deployment
     from nojit.aot.plan import Plan
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     bundle = Bundle.open(args.bundle)
     if args.plan:

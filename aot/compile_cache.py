@@ -111,7 +111,7 @@ class CompileResultCodec:
 
 def launch_reader(cls: Any) -> Callable[[dict[str, Any]], Any]:
     """A launch type's from_json over a plain dict (the manifest's own schema checks)."""
-    from nojit.loader.manifest import _Fields
+    from nojit.loader.bundle.manifest import _Fields
 
     return lambda obj: cls.from_json(_Fields(obj, "launch", "compile cache"))
 

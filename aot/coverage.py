@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nojit.aot.plan import Plan, PlanRequest
-from nojit.loader.bundle_file import Bundle
-from nojit.loader.canonical import canonical_json
-from nojit.loader.triton_key import generic_spec, key_from_json, runtime_params
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.bundle.canonical import canonical_json
+from nojit.loader.bundle.triton_key import generic_spec, key_from_json, runtime_params
 
 
 @dataclass

@@ -4,7 +4,7 @@ The wheel is written with the standard library only (no setuptools, no compiler)
 with fixed timestamps, sorted members and fixed permissions, so the same bundle always
 gives the same wheel bytes. It holds one package, `nojit_bundle_<name>`, with the bundle
 file and `bundle.json` (file name and sha256), declared in the `nojit.bundles` entry-point
-group that nojit.loader.installed_bundles reads. Requires-Dist pins the exact nojit, vLLM
+group that nojit.loader.bundle.installed reads. Requires-Dist pins the exact nojit, vLLM
 and Triton of the bundle's manifest, so pip refuses to put the bundle next to other ones;
 TileLang is pinned through the `tilelang` extra only, because serving needs no TileLang
 (if one is installed, the loader refuses a different version anyway).
@@ -20,9 +20,9 @@ import re
 import tempfile
 import zipfile
 
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.bundle.file import Bundle
 from nojit.aot.errors import BuildError
-from nojit.loader.installed_bundles import BUNDLE_INFO, ENTRY_POINT_GROUP, file_sha256
+from nojit.loader.bundle.installed import BUNDLE_INFO, ENTRY_POINT_GROUP, file_sha256
 
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip timestamp: no build time leaks into the wheel
 GENERATOR = "nojit package"
@@ -88,7 +88,7 @@ def package_bundle(bundle_path: str, out_dir: str, version: str | None = None) -
     with open(bundle_path, "rb") as f:
         bundle_bytes = f.read()
     info = json.dumps({"file": file_name, "sha256": sha}, indent=1, sort_keys=True).encode() + b"\n"
-    init = (f'"""nojit bundle {file_name} (sha256 {sha}); found by nojit.loader.installed_bundles."""\n').encode()
+    init = (f'"""nojit bundle {file_name} (sha256 {sha}); found by nojit.loader.bundle.installed."""\n').encode()
     dist_info = f"{package}-{version}.dist-info"
     members: list[tuple[str, bytes, bool]] = [
         (f"{package}/__init__.py", init, False),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-from nojit.loader.bundle_file import Bundle
-from nojit.loader.canonical import canonical_json
-from nojit.loader.manifest import Manifest
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.bundle.canonical import canonical_json
+from nojit.loader.bundle.manifest import Manifest
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:

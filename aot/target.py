@@ -6,6 +6,6 @@ manifest's target all read them from here.
 
 from __future__ import annotations
 
-from nojit.loader.manifest import Target
+from nojit.loader.bundle.manifest import Target
 
 TARGET = Target(backend="cuda", capability=90, arch="sm_90a", warp_size=32)

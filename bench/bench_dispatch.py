@@ -52,8 +52,8 @@ def main() -> int:
 
     from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
     from nojit.loader.resolve import jit_function_of
-    from nojit.loader.bundle_file import Bundle
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.bundle.triton_key import key_from_json
     from triton_harness import grid_for, synthesize
 
     smap = load_source_map(args.sources) if args.sources else None
@@ -87,11 +87,11 @@ def main() -> int:
     nojit_us = per_call_us(lambda: fn[GRID](**kwargs))
 
     # The C launcher alone, arguments already packed: the floor nojit's Python layer adds to.
-    server = inst.triton[kid]
+    server = inst.servers("triton")[kid]
     variant = server.exact[key]
     bound, _spec, _opts = server._binder(**{**kwargs, "debug": False, "instrumentation_mode": ""})
-    from nojit.loader.cuda_launch import launcher
-    from nojit.loader.torch_cuda import current_device, current_stream
+    from nojit.loader.launch.cuda_launch import launcher
+    from nojit.loader.launch.torch_cuda import current_device, current_stream
 
     dev = current_device()
     function = variant.load(dev)

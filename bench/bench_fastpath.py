@@ -70,7 +70,7 @@ def peak_rss_mb() -> float:
 
 
 def exact_keys(bundle, kid: str, limit: int) -> list:
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.bundle.triton_key import key_from_json
 
     keys = [key_from_json(e.key) for e in bundle.entries(kid) if e.variant == "exact"]
     return keys[:limit] if limit else keys
@@ -112,10 +112,10 @@ def dispatch_and_device(args, smap) -> dict:
     import triton
 
     from nojit.aot.runtimes.triton.sources import resolve_kernel
-    from nojit.loader import triton_fast
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.runtimes.triton import fast as triton_fast
+    from nojit.loader.bundle.file import Bundle
     from nojit.loader.install import install
-    from nojit.loader.torch_cuda import current_device, current_stream
+    from nojit.loader.launch.torch_cuda import current_device, current_stream
     from triton_harness import grid_for, synthesize
 
     bundle = Bundle.open(args.bundle)
@@ -126,7 +126,7 @@ def dispatch_and_device(args, smap) -> dict:
     m = triton_fast.fast_module()
     rows, dev_rows = [], []
     for kid in kids:
-        server = inst.triton[kid]
+        server = inst.servers("triton")[kid]
         fn = server.fn
         grid = grid_for(fn)
         for key in exact_keys(bundle, kid, args.keys):
@@ -238,15 +238,15 @@ def dispatch_and_device(args, smap) -> dict:
 
 
 def triton_fast_key_text(key) -> str:
-    from nojit.loader.triton_key import key_text
+    from nojit.loader.bundle.triton_key import key_text
 
     return key_text(key)[:40]
 
 
 # ------------------------------------------------------------------------------------------ children
 def stand_in_folders() -> int:
-    """How many firewall stand-in folders this user has (loader/firewall.py builds one per user and content)."""
-    from nojit.loader.firewall import runtime_dir
+    """How many firewall stand-in folders this user has (loader/strict/firewall.py builds one per user and content)."""
+    from nojit.loader.strict.firewall import runtime_dir
 
     return sum(name.startswith("stand-ins-") for name in os.listdir(runtime_dir()))
 
@@ -257,7 +257,7 @@ def child_ready(args, install_only: bool = False) -> None:
     import torch
 
     from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
     from nojit.loader.install import install
 
     smap = load_source_map(args.sources) if args.sources else None
@@ -307,7 +307,7 @@ def child_cold(args) -> None:
     import torch
 
     from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
     from nojit.loader.resolve import jit_function_of
     from triton_harness import grid_for, synthesize
 
@@ -327,10 +327,10 @@ def child_cold(args) -> None:
     t0 = time.perf_counter()
     spent = {"prepare_ms": 0.0, "load_ms": 0.0}
     if args.child == "cold-nojit":
-        from nojit.loader import triton_serving
-        from nojit.loader.cuda_launch import BundledFunction
+        from nojit.loader.runtimes.triton import serving as triton_serving
+        from nojit.loader.launch.cuda_launch import BundledFunction
         from nojit.loader.install import install
-        from nojit.loader.triton_serving import TritonKernelServer
+        from nojit.loader.runtimes.triton.serving import TritonKernelServer
         from triton.runtime.jit import JITCallable
 
         def timed(cls, name, what):  # where the first launches' time goes: kernel preparation, module loads

@@ -56,8 +56,8 @@ class _Policy:
 def _server_for(entry: Any, variant: Any) -> Any:
     """A TileLangKernelServer over a function with the kernel's parameters (tensors in plan order, then the key's
     scalars with the key's values as defaults): the binding and lookup vLLM's call pays, without vLLM."""
-    from nojit.loader.tilelang_key import key_from_json, make_binder
-    from nojit.loader.tilelang_serving import TileLangKernelServer
+    from nojit.loader.bundle.tilelang_key import key_from_json, make_binder
+    from nojit.loader.runtimes.tilelang.serving import TileLangKernelServer
 
     names = [t["name"] for t in sorted(entry.launch.tensor_params, key=lambda t: t["position"])]
     scalars = [item[0] for item in entry.key["args"]]
@@ -76,10 +76,10 @@ def _server_for(entry: Any, variant: Any) -> Any:
 def tilelang_dispatch(bundle_path: str, tokens: int = 1, split_k: int = 2, device: str = "cuda") -> list[dict]:
     import torch
 
-    import nojit.loader.tilelang_serving as ts
-    from nojit.loader.bundle_file import Bundle
-    from nojit.loader.manifest import TileLangLaunch
-    from nojit.loader.triton_fast import _ensure_launch_entry, fast_module
+    import nojit.loader.runtimes.tilelang.serving as ts
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.bundle.manifest import TileLangLaunch
+    from nojit.loader.launch.fast_module import ensure_launch_entry, fast_module
 
     gpu = device == "cuda" and torch.cuda.is_available()
     if not gpu:  # the stand-in driver: device 0, a fixed stream
@@ -110,7 +110,7 @@ def tilelang_dispatch(bundle_path: str, tokens: int = 1, split_k: int = 2, devic
         if not gpu:
             os.environ["FAKE_CUDA_PARAM_SIZES"] = ",".join("8" if p["kind"] == "tensor" else "4" for p in launch.params)
             variant._bundle = _FakeBlobs(launch.symbol, launch.params)
-        _ensure_launch_entry()
+        ensure_launch_entry()
         fast_module().tl_set_function(variant._plan, dev, variant.load(dev))
         server = _server_for(entry, variant)
         server(*tensors)  # warm: a served call through the C path

@@ -29,7 +29,7 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ["NOJIT_QUIET"] = "1"
 from nojit.aot.deployment import load_deployment
 from nojit.aot.vllm_env import import_kernel_module, install_deployment_platform
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.bundle.file import Bundle
 from nojit.loader.resolve import resolve_object
 install_deployment_platform(load_deployment().platform)
 path, repeat = sys.argv[1], int(sys.argv[2])
@@ -52,7 +52,7 @@ out = {"open_ms": best(lambda: Bundle.open(path).close())}
 from nojit.loader.install import install
 c = time.thread_time(); t = time.perf_counter(); inst = install(path, mode="strict"); out["install_first_ms"] = (time.perf_counter() - t) * 1e3
 out["install_first_cpu_ms"] = (time.thread_time() - c) * 1e3
-out["kernels"] = [len(inst.triton), len(inst.tilelang)]
+out["kernels"] = [len(inst.servers("triton")), len(inst.servers("tilelang"))]
 inst.uninstall()
 def once():
     install(path, mode="strict").uninstall()

@@ -73,8 +73,8 @@ def served(fn, kwargs: dict, options: dict):
     import test_fastpath as tfp
     from test_triton_key_parity import specializer, theirs
 
-    from nojit.loader import triton_fast
-    from nojit.loader.triton_serving import TritonKernelServer
+    from nojit.loader.runtimes.triton import fast as triton_fast
+    from nojit.loader.runtimes.triton.serving import TritonKernelServer
 
     key = theirs(fn, kwargs, options)
     variant = tfp.variant_for(key)
@@ -96,8 +96,8 @@ def main() -> int:
     import triton
     import triton.language as tl
 
-    import nojit.loader.torch_cuda as tc
-    from nojit.loader import triton_fast
+    import nojit.loader.launch.torch_cuda as tc
+    from nojit.loader.runtimes.triton import fast as triton_fast
     from test_triton_key_parity import tensor
     from triton_test_kernels import every_kind
 

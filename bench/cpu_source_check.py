@@ -57,7 +57,7 @@ def child(mode: str, plan: str, limit: int, parts_path: str) -> None:
         for kid, fn in kernels:
             proven += fn.cache_key == parts[kid]["key"]
     else:
-        from nojit.loader.source_parts import unchanged_since_build
+        from nojit.loader.runtimes.triton.source_parts import unchanged_since_build
 
         for kid, fn in kernels:
             proven += unchanged_since_build(fn, parts[kid], parts[kid]["key"])

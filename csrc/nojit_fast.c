@@ -6,7 +6,7 @@
  * needs from them (tensor dtype and 16-byte alignment of data_ptr, int == 1, width and
  * divisibility by 16, None, bool, float, constexpr values), finds the entry by a hash of
  * those codes, packs the parameters and calls cuLaunchKernelEx on the given stream.
- * Anything it does not recognise is a miss (None): the Python path (loader/triton_key.py,
+ * Anything it does not recognise is a miss (None): the Python path (loader/bundle/triton_key.py,
  * the one definition of the key) then decides, so a miss is never wrong, only slower.
  *
  * CUDA-graph safe: no allocation, no synchronisation on the launch path (stack buffers only).
@@ -16,7 +16,7 @@
  * (csrc/nojit_dlpack.h), else through torch's Python API; a tensor read there that is not on the
  * launch's device is not launched here (the Python path decides, as for every call C declines).
  *
- * Codes (one uint32 per kernel parameter; loader/triton_fast.py computes the same codes from
+ * Codes (one uint32 per kernel parameter; loader/runtimes/triton/fast.py computes the same codes from
  * a bundle key, so both sides must change together):
  *   constexpr parameter     1 + index of the value among the table's candidates
  *   plain run-time param    tensor: 0x1000 + 4 * type id + attr; int: 0x20 + 4 * width + attr
@@ -748,7 +748,7 @@ static PyObject *fast_floor(PyObject *self, PyObject *args) {
  * and stream through the callables it was given, and launches an exact entry, all in this one C
  * call. Whatever it does not handle goes, with the call exactly as it came, to Python:
  *   general  anything about the call's shape (warmup, unknown options, a non-tuple grid, a missing
- *            or repeated argument, no device): the generated Python run (loader/triton_fast.py);
+ *            or repeated argument, no device): the generated Python run (loader/runtimes/triton/fast.py);
  *   slow     a call whose key is not an exact entry of the table: TritonKernelServer.run, the one
  *            definition of the key, which serves generic entries and applies the policy to misses;
  *   after    an exact entry whose module is not loaded on this device yet, or a driver error.
@@ -1198,7 +1198,7 @@ static PyObject *fast_new_runner(PyObject *self, PyObject *args) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * kernel[grid] bound in C (loader/triton_fast.py serve_getitem). bind_grid(fn, grid, fallback) is
+ * kernel[grid] bound in C (loader/runtimes/triton/fast.py serve_getitem). bind_grid(fn, grid, fallback) is
  * what a served JITFunction's __getitem__ returns: where fn's instance `run` is a C runner, a C callable
  * holding (run, fn.__dict__, grid, fn, fallback) whose call binds the call's arguments straight into
  * the runner, as run(*args, grid=grid, warmup=False, **kwargs) would be bound, without Triton's lambda

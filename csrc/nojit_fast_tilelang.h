@@ -1,7 +1,7 @@
 /*
  * nojit fast path for TileLang launches (included by nojit_fast.c; its own section of _fastlaunch).
  *
- * A plan per bundled TileLang variant (loader/tilelang_serving.py TileLangVariant) is prepared at
+ * A plan per bundled TileLang variant (loader/runtimes/tilelang/serving.py TileLangVariant) is prepared at
  * first use from the entry's launch plan: the tensor checks (dtype, rank, contiguity), where each
  * dynamic variable is read (tensor, axis), the grid and block expressions compiled to postfix
  * programs over those variables, and the device parameters with their C types. One call then
@@ -11,14 +11,14 @@
  * the one definition) then launches or raises its typed error, so C can be slower to say no, never
  * different. CUDA-graph safe: stack buffers only, no synchronisation.
  *
- * Program ops (loader/tilelang_serving.py compiles launch_expr trees to these, postfix):
+ * Program ops (loader/runtimes/tilelang/serving.py compiles launch_expr trees to these, postfix):
  *   0 literal v, 1 variable v, 2 +, 3 -, 4 *, 5 // (floor), 6 % (floor), 7 min, 8 max, 9 <, 10 <=, 11 ==, 12 select
  */
 
 #define TL_MAX_TENSORS 64
 #define TL_MAX_VARS 32
 #define TL_STACK 96
-/* CUDA's launch limits, as loader/launch_expr.py (GRID_LIMITS, BLOCK_LIMITS, MAX_BLOCK_THREADS) states them */
+/* CUDA's launch limits, as loader/bundle/launch_expr.py (GRID_LIMITS, BLOCK_LIMITS, MAX_BLOCK_THREADS) states them */
 #define TL_GRID_X_MAX 0x7FFFFFFFu
 #define TL_GRID_YZ_MAX 65535u
 #define TL_BLOCK_XY_MAX 1024u

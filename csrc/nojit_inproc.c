@@ -5,7 +5,7 @@
  *
  * NVRTC and nvJitLink compile inside the calling process, with no process for the firewall to
  * refuse, and are called from C (torch links libnvrtc, cuda.bindings dlopens it) as well as from
- * Python. So strict mode (loader/inprocess_guard.py) overwrites the first 14 bytes of each
+ * Python. So strict mode (loader/strict/inprocess_guard.py) overwrites the first 14 bytes of each
  * exported compile entry of every loaded copy with `jmp [rip+0]; .quad stub`: whoever calls it,
  * through whatever pointer (dlsym, a GOT slot, a ctypes handle), lands here. A stub never calls
  * the original (nothing it refuses has a legitimate caller in the serving process), so no

@@ -10,11 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from nojit.loader.manifest import RUNTIMES
+from nojit.loader.runtimes import in_manifest_order
 from nojit.loader.settings import Mode, settings
-
-_DISPLAY = {"triton": "Triton", "tilelang": "TileLang", "cutedsl": "CuTeDSL", "deepgemm": "DeepGEMM",
-            "flashinfer": "FlashInfer", "humming": "Humming"}
 
 _announced_pid: int | None = None
 
@@ -43,24 +40,25 @@ def summary_line(inst: object) -> str:
     versions = ", ".join(f"{name} {v}" for name, v in (("vLLM", p.vllm), ("Triton", p.triton), ("TileLang", p.tilelang))
                          if v)
     runtimes = [k.runtime for k in m.kernels.values()]
-    counts = " + ".join(f"{runtimes.count(r)} {_DISPLAY.get(r, r)}" for r in RUNTIMES if r in runtimes)
+    counts = " + ".join(f"{runtimes.count(r.name)} {r.display}" for r in in_manifest_order() if r.name in runtimes)
     kernels = f"{counts or 'no'} kernels, {m.entry_count} entries"
     return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
             f"mode {inst.mode.value}; firewall {firewall_state(inst)}")
 
 
 def firewall_state(inst: object) -> str:
-    """The compiler firewall's state as one phrase (nojit.loader.firewall, when present)."""
+    """The compiler firewall's state as one phrase (nojit.loader.strict.firewall, when present)."""
     if getattr(inst, "mode", None) is not Mode.STRICT:
         return "off (not strict)"
     try:
-        from nojit.loader import firewall  # type: ignore[attr-defined]
+        from nojit.loader.strict import firewall  # type: ignore[attr-defined]
     except ImportError:
         return "in-process guards only"
     report = firewall.active() if hasattr(firewall, "active") else None
     if report is None:
         return "not active"
-    from nojit.loader import inprocess_guard, landlock
+    from nojit.loader.strict import inprocess_guard
+    from nojit.loader.strict import landlock
 
     parts = [r.summary() for r in (landlock.report(), inprocess_guard.report()) if r is not None]
     return (f"on ({len(report.names)} stand-ins in {report.bin_dir}, versions from {report.versions_from})"

@@ -23,8 +23,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nojit.loader import driver_floor
-from nojit.loader.arch_fit import arch_problems
+from nojit.loader.bundle import driver_floor
+from nojit.loader.bundle.arch_fit import arch_problems
 from nojit.loader.errors import NoJitError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -78,14 +78,14 @@ def gpu_facts(library: str | None = None) -> GpuFacts:
 
 # ------------------------------------------------------------------------------ checks
 def _open_bundle(path: str | None) -> tuple[Any, str, list[Finding]]:
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
     from nojit.loader.settings import settings
 
     try:
         if path or settings.bundle:
             bundle = Bundle.open(path or settings.bundle, expected_sha256=settings.bundle_sha256)
         else:
-            from nojit.loader.installed_bundles import open_installed_bundle
+            from nojit.loader.bundle.installed import open_installed_bundle
 
             bundle = open_installed_bundle(settings.bundle_sha256)
             if bundle is None:
@@ -142,7 +142,7 @@ def check_driver(index: Any, gpu: GpuFacts) -> list[Finding]:
 
 
 def _installed(dist: str) -> str | None:
-    from nojit.loader.versions import installed_version
+    from nojit.loader.bundle.versions import installed_version
 
     return installed_version(dist)
 
@@ -186,7 +186,7 @@ _RECORDED_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def check_versions(index: Any) -> list[Finding]:
-    from nojit.loader.versions import RuntimeVersions, version_differences
+    from nojit.loader.bundle.versions import RuntimeVersions, version_differences
 
     out = []
     here = RuntimeVersions.of_this_process()
@@ -251,7 +251,7 @@ def _seed_folders(index: Any) -> list[tuple[str, str, str]]:
     """(runtime, folder, setting) for every runtime whose kernels install() writes to disk for its library.
     The defaults are those of the serving modules (deepgemm_cache.cache_root, flashinfer_serving._root_for,
     humming_serving._cache_dir); the digest folder below each is made at install."""
-    from nojit.loader.firewall import runtime_dir
+    from nojit.loader.strict.firewall import runtime_dir
 
     runtimes = {k.runtime for k in index.kernels.values()}
     tmp, uid = tempfile.gettempdir(), os.getuid()
@@ -289,7 +289,7 @@ def check_seed_folders(index: Any) -> list[Finding]:
 
 def check_firewall(index: Any) -> list[Finding]:
     """Strict mode's stand-ins live in this user's runtime folder and must be executable from there."""
-    from nojit.loader.firewall import runtime_dir
+    from nojit.loader.strict.firewall import runtime_dir
 
     try:
         base = runtime_dir()
@@ -340,11 +340,11 @@ def check_landlock() -> list[Finding]:
 
 
 def check_jits(index: Any) -> list[Finding]:
-    from nojit.loader.unserved import JITS, _reachable, _switched_off
+    from nojit.loader.unserved import _reachable, _switched_off, jits
 
     served = {k.runtime for k in index.kernels.values()}
     out = []
-    for jit in JITS:
+    for jit in jits():
         if jit.runtime in served:
             out.append(Finding("JIT", OK, f"{jit.name}: served from the bundle"))
         elif not _reachable(jit):

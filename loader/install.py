@@ -1,8 +1,9 @@
 """Install a bundle into this process: the one public entry point of the loader.
 
 `install()` opens the bundle (header and index), refuses it if it does not match this
-process (versions), puts a bundle server on every bundled Triton kernel and TileLang kernel,
-and, in strict mode, closes every path to a compiler. It is safe to call more than once
+process (versions), installs each registered runtime (loader/runtimes/__init__.py) that has kernels
+in the bundle, in registry order, keeping what each did as a `Handle`, and, in strict mode, closes
+every path to a compiler. It is safe to call more than once
 (the second call returns the first installation).
 
 It pays only for what every process needs (the API server runs no kernel): each kernel's
@@ -16,22 +17,23 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
-from nojit.loader import firewall, landlock
-from nojit.loader.driver_floor import check_driver
-from nojit.loader.guards import install_strict_guards
+from nojit.loader.faces import Handle, InstallContext
+from nojit.loader.strict import firewall, landlock
+from nojit.loader.bundle.driver_floor import check_driver
+from nojit.loader.strict.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
-from nojit.loader.resolve import jit_function_of, resolve_installed
+from nojit.loader.resolve import jit_function_of, resolve_installed, resolve_object  # noqa: F401 (public names of install)
 from nojit.loader.settings import Mode, settings
-from nojit.loader.versions import RuntimeVersions, check_versions
+from nojit.loader.bundle.versions import RuntimeVersions, check_versions
+from nojit.loader.runtimes import RUNTIMES
 
 log = logging.getLogger("nojit")
 
@@ -45,68 +47,46 @@ class Installation:
     bundle: Bundle
     policy: ServingPolicy
     mode: Mode
-    triton: dict[str, Any] = field(default_factory=dict)  # kernel id -> TritonKernelServer
-    tilelang: dict[str, Any] = field(default_factory=dict)  # kernel id -> TileLangKernelServer
-    cutedsl: dict[str, Any] = field(default_factory=dict)  # kernel id -> CuteKernelServer (cutedsl_serving)
-    deepgemm: Any = None  # DeepGemmServing (loader/deepgemm_serving.py) when the bundle has DeepGEMM entries
-    flashinfer: Any = None  # FlashInferServing: FlashInfer's modules as a jit-cache provider (flashinfer_serving.py)
-    humming: Any = None  # HummingServing: Humming's cache seeded from the bundle (humming_serving.py)
+    handles: dict[str, Handle] = field(default_factory=dict)  # runtime name -> what its install did
     allowed_differences: list[str] = field(default_factory=list)
     arguments: dict[str, Any] = field(default_factory=dict)  # install()'s arguments, defaults filled in
     timings: dict[str, float] = field(default_factory=dict)  # ms per step of install() (bench/bench_fastpath.py)
 
+    def servers(self, runtime: str) -> dict[str, Any]:
+        """kernel id -> server of one runtime (empty when the bundle holds none of its kernels)."""
+        handle = self.handles.get(runtime)
+        return handle.servers if handle is not None else {}
+
+    def state(self, runtime: str) -> Any:
+        """One runtime's own record of its install (DeepGemmServing, FlashInferServing, ...), or None."""
+        handle = self.handles.get(runtime)
+        return handle.state if handle is not None else None
+
     def prepare(self) -> int:
         """Check and prepare every installed kernel now (source hash, its section of the bundle, launch tables);
         install() leaves this to each kernel's first use. Returns how many kernels."""
-        servers = (*self.triton.values(), *self.tilelang.values())
-        for s in servers:
-            s.prepare()
-        return len(servers)
+        return sum(h.prepare() for h in self.handles.values())
 
     def preload(self, device: int | None = None) -> int:
         """Load every bundled module on `device` (default: current), preparing every kernel first. Call before
         CUDA-graph capture."""
-        from nojit.loader.torch_cuda import current_device
+        from nojit.loader.launch.torch_cuda import current_device
 
         dev = current_device() if device is None else device
-        return sum(s.preload(dev) for s in (*self.triton.values(), *self.tilelang.values(), *self.cutedsl.values()))
+        return sum(h.preload(dev) for h in self.handles.values())
 
     def uninstall(self) -> None:
         """Give the kernels back their own JIT paths and lift the strict guards (tests and tools)."""
         global _current
-        from nojit.loader.triton_fast import restore_getitem
-
-        for server in self.triton.values():
-            server.fn.__dict__.pop("run", None)
-            restore_getitem(server.fn)  # its own class back (kernel[grid] bound in C)
-        if self.tilelang:
-            from nojit.loader import tilelang_serving
-
-            tilelang_serving.uninstall(self.tilelang)
-        for server in self.cutedsl.values():
-            server.uninstall()
-        if self.flashinfer is not None:
-            from nojit.loader import flashinfer_serving
-
-            flashinfer_serving.uninstall()
-        if self.humming is not None:
-            from nojit.loader import humming_serving
-
-            humming_serving.uninstall()
-        self.triton.clear()
-        self.tilelang.clear()
-        self.cutedsl.clear()
-        if self.deepgemm is not None:  # vLLM's DeepGEMM entry points back (the probe answer stays in place)
-            import vllm.utils.deep_gemm as vllm_dg
-
-            for op, original in self.deepgemm.originals.items():
-                setattr(vllm_dg, op, original)
-            self.deepgemm = None
-        from nojit.loader import guards, triton_driver
+        for handle in self.handles.values():
+            handle.uninstall()
+        self.handles.clear()
+        from nojit.loader.strict import guards
 
         guards.deactivate()
-        if "triton" in sys.modules:
-            triton_driver.restore()
+        for runtime in RUNTIMES.values():
+            if runtime.restore is not None:
+                runtime.restore()
         with _lock:
             if _current is self:
                 _current = None
@@ -155,7 +135,7 @@ def install(
         if path:
             bundle = Bundle.open(path, expected_sha256=settings.bundle_sha256)
         else:
-            from nojit.loader.installed_bundles import open_installed_bundle
+            from nojit.loader.bundle.installed import open_installed_bundle
 
             wheel_bundle = open_installed_bundle(settings.bundle_sha256)  # sha256-pinned by the wheel's record
             if wheel_bundle is None:
@@ -166,7 +146,7 @@ def install(
         if mode is Mode.STRICT:
             fw = firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
             clock.step("firewall")
-            # the kernel's exec allow-list, inherited by every child and irreversible (loader/landlock.py)
+            # the kernel's exec allow-list, inherited by every child and irreversible (loader/strict/landlock.py)
             landlock.enforce(os.path.join(fw.root, "nojit-stand-in"), firewall.runtime_dir())
             clock.step("landlock")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
@@ -183,42 +163,21 @@ def install(
         resolve = resolver or (lambda kid: resolve_installed(kid, packages))
         wanted = [k for k in bundle.kernel_ids() if kernels is None or k in kernels]
         records = bundle.index.kernels
-        tilelang_ids = [k for k in wanted if records[k].runtime == "tilelang"]
-        if tilelang_ids:
-            from nojit.loader import tilelang_serving
-
-            inst.tilelang = tilelang_serving.install(bundle, tilelang_ids, policy, allow)  # filled as vLLM decorates
-        clock.step("tilelang")
-        flashinfer_ids = [k for k in wanted if records[k].runtime == "flashinfer"]
-        if flashinfer_ids:
-            from nojit.loader import flashinfer_serving
-
-            inst.flashinfer = flashinfer_serving.install(bundle, flashinfer_ids, policy)
-        clock.step("flashinfer")
-        humming_ids = [k for k in wanted if records[k].runtime == "humming"]
-        if humming_ids:
-            from nojit.loader import humming_serving
-
-            inst.humming = humming_serving.install(bundle, humming_ids, policy)
-        clock.step("humming")
-        triton_ids = [k for k in wanted if records[k].runtime == "triton"]
-        if triton_ids:
-            _install_triton(inst, triton_ids, resolve, allow)
-        clock.step("triton")
-        cutedsl_ids = [k for k in wanted if records[k].runtime == "cutedsl"]
-        if cutedsl_ids:
-            from nojit.loader import cutedsl_serving
-
-            inst.cutedsl = cutedsl_serving.install(bundle, cutedsl_ids, policy, allow, resolve)
-        clock.step("cutedsl")
-        deepgemm_ids = [k for k in wanted if records[k].runtime == "deepgemm"]
-        if deepgemm_ids:  # after firewall.activate: DeepGEMM's compiler ends at the stand-in, its probe answered
-            from nojit.loader.deepgemm_serving import install_from_bundle
-
-            inst.deepgemm = install_from_bundle(bundle, records, deepgemm_ids, mode, recorder, allow)
-        clock.step("deepgemm")
-        from nojit.loader.cuda_launch import launcher
-        from nojit.loader.torch_cuda import device_capability
+        unserved = sorted({records[k].runtime for k in wanted} - set(RUNTIMES))
+        if unserved:
+            raise BundleMismatchError(f"{path}: holds kernels of runtime {', '.join(unserved)}, which this nojit "
+                                      "does not serve", fix="install the nojit that built the bundle, or rebuild "
+                                      f"it with --runtime {','.join(r for r in RUNTIMES)}")
+        counts: list[str] = []
+        for runtime in RUNTIMES.values():
+            ids = [k for k in wanted if records[k].runtime == runtime.name]
+            if ids:
+                ctx = InstallContext(bundle, ids, policy, allow, resolve, inst.allowed_differences)
+                inst.handles[runtime.name] = runtime.install(ctx)
+                counts.append(f"{len(ids)} {runtime.display}")
+            clock.step(runtime.name)
+        from nojit.loader.launch.cuda_launch import launcher
+        from nojit.loader.launch.torch_cuda import device_capability
 
         launcher().device_check = lambda device: check_exact_arch(bundle.index, path, device_capability(device), allow)
         if mode is Mode.STRICT:
@@ -227,10 +186,8 @@ def install(
         for line in allowed:
             log.warning("nojit: serving %s although %s (NOJIT_ALLOW_MISMATCH)", path, line)
         if not settings.quiet:
-            log.info(
-                "nojit: serving %d Triton and %d TileLang kernels (%d entries) from %s in %s mode",
-                len(inst.triton), len(inst.tilelang), bundle.index.entry_count, path, mode.value,
-            )
+            log.info("nojit: serving %s kernels (%d entries) from %s in %s mode", " + ".join(counts) or "no",
+                     bundle.index.entry_count, path, mode.value)
         inst.timings = clock.steps
         _current = inst
         return inst
@@ -275,8 +232,8 @@ def _check_arguments(bundle_path: Any, mode: Any, resolver: Any, allow_mismatch:
 
 def check_exact_arch(index: Any, path: str, capability: tuple[int, int], allow: frozenset[str]) -> None:
     """At a device's first launch: its capability (versions.check_arch), then every arch the bundle recorded."""
-    from nojit.loader.arch_fit import arch_problems
-    from nojit.loader.versions import check_arch
+    from nojit.loader.bundle.arch_fit import arch_problems
+    from nojit.loader.bundle.versions import check_arch
 
     check_arch(index, path, capability, allow)
     problems = arch_problems(index, capability)
@@ -288,38 +245,3 @@ def check_exact_arch(index: Any, path: str, capability: tuple[int, int], allow: 
 def _allowed_words(words: Any) -> frozenset[str]:
     """install(allow_mismatch=...) takes the words NOJIT_ALLOW_MISMATCH takes, checked the same way."""
     return type(settings).allow_mismatch.parse(",".join(words))
-
-
-def _install_triton(inst: Installation, kernel_ids: list[str], resolve: Resolver, allow: frozenset[str]) -> None:
-    import triton
-    from triton._utils import canonicalize_ptr_dtype
-
-    from nojit.loader.triton_key import ArgSpecializer
-    from nojit.loader.triton_serving import TritonKernelServer
-
-    try:
-        import torch
-
-        tensor_cls: type | None = torch.Tensor
-    except ImportError:  # pragma: no cover
-        tensor_cls = None
-    specializer = ArgSpecializer(canonicalize_ptr_dtype, tensor_cls)
-    knobs = triton.knobs
-    debug = bool(knobs.runtime.debug)
-    instrumentation_mode = knobs.compilation.instrumentation_mode
-    bundle = inst.bundle
-    for kid in kernel_ids:
-        fn = jit_function_of(resolve(kid))
-        if fn is None:
-            raise BundleMismatchError(
-                f"kernel {kid} is not a Triton JITFunction in this process",
-                fix="vLLM replaced Triton with a placeholder (no GPU driver?) or the kernel changed; "
-                "rebuild the bundle against the installed vLLM",
-            )
-        # Source check, section and tables: at the kernel's first use (TritonKernelServer.prepare); in a vLLM
-        # worker that is the warmup registry's preflight, then preload() for every kernel, before serving.
-        server = TritonKernelServer(fn, bundle.index.kernels[kid], bundle, inst.policy, specializer, debug,
-                                    instrumentation_mode, fast_path=settings.fast_path, allow=allow,
-                                    differences=inst.allowed_differences)
-        fn.run = server.entry_point  # instance attribute: shadows JITFunction.run for this kernel only
-        inst.triton[kid] = server

@@ -28,7 +28,7 @@ from nojit.loader.settings import settings
 
 def register() -> None:
     if not settings.bundle:
-        from nojit.loader.installed_bundles import installed_bundles
+        from nojit.loader.bundle.installed import installed_bundles
 
         if not installed_bundles():  # a bundle wheel installed (`nojit package`) counts as configuration
             return
@@ -37,7 +37,7 @@ def register() -> None:
 
     inst = install()
     if "triton" in sys.modules:  # from now on Triton's driver questions are answered without building cuda_utils
-        from nojit.loader.triton_driver import answer_from_torch
+        from nojit.loader.runtimes.triton.driver import answer_from_torch
 
         answer_from_torch()
     vllm_registry.hook()

@@ -145,7 +145,7 @@ class Settings:
     event_log = _OptionalPath(
         "NOJIT_EVENT_LOG", None,
         "JSONL file strict mode appends one line to per refused compiler (default: <runtime dir>/events.jsonl, "
-        "see loader/firewall.py).",
+        "see loader/strict/firewall.py).",
     )
     quiet = _Bool("NOJIT_QUIET", False, "Suppress the one-line summary the loader logs at install.")
     fast_path = _Bool("NOJIT_FAST_PATH", True,
@@ -155,7 +155,7 @@ class Settings:
                    "where torch has one (off: through torch's Python API).")
     landlock = _Bool("NOJIT_LANDLOCK", True,
                      "Strict mode restricts execution with Linux Landlock: no compiler can be executed by this process "
-                     "or its children (loader/landlock.py). Off: the audit hook and the PATH stand-ins only.")
+                     "or its children (loader/strict/landlock.py). Off: the audit hook and the PATH stand-ins only.")
     exec_allow = _Str("NOJIT_EXEC_ALLOW", None,
                       "Extra folders (os.pathsep-separated) whose files strict mode's exec allow-list lets run, "
                       "compilers excepted; each must be writable by no other user.")

@@ -92,7 +92,7 @@ def warmup_through_bundle(registry: Any) -> None:
     """The wrapped `JitWarmupRegistry.warmup` (see the module docstring)."""
     global last_report
     from nojit.loader.install import current
-    from nojit.loader.triton_driver import answer_from_torch
+    from nojit.loader.runtimes.triton.driver import answer_from_torch
 
     inst = current()
     if inst is None:  # nojit is not serving in this process
@@ -107,7 +107,7 @@ def warmup_through_bundle(registry: Any) -> None:
     keys: dict[str, int] = {}
     unserved: list[Unserved] = []
     wrapped = []
-    cute_owners = {id(s.owner) for s in getattr(inst, "cutedsl", {}).values()}  # owners served from the bundle
+    cute_owners = {id(s.owner) for s in inst.servers("cutedsl").values()}  # owners served from the bundle
     for kernel in _registered_kernels(registry):
         backend, owner = backend_of(kernel), owner_name(kernel)
         served_here = backend in ("Triton", "TileLang") or id(kernel) in cute_owners

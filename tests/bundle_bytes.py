@@ -18,7 +18,7 @@ import struct
 
 import zstandard
 
-from nojit.loader.bundle_file import HEADER, Header
+from nojit.loader.bundle.file import HEADER, Header
 
 FORMAT = 2
 

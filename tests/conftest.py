@@ -13,8 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAS_GPU = os.path.exists("/dev/nvidiactl")
 
 # Landlock is irreversible: the test process itself never restricts itself (its later tests build with gcc and
-# nvcc); the processes tests start do, in strict mode (loader/landlock.py).
-from nojit.loader import landlock as _landlock  # noqa: E402
+# nvcc); the processes tests start do, in strict mode (loader/strict/landlock.py).
+from nojit.loader.strict import landlock as _landlock  # noqa: E402
 
 _landlock.exempt_this_process()
 

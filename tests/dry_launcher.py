@@ -1,6 +1,6 @@
 """A CPU stand-in for nojit's C launcher and for torch's device questions, for tests with no GPU.
 
-It stands where `nojit.loader.cuda_launch.launcher()` returns the real CudaLauncher: module
+It stands where `nojit.loader.launch.cuda_launch.launcher()` returns the real CudaLauncher: module
 loads are recorded (the cubin is read from the bundle and its sha256 checked, as a load
 would), launches are recorded instead of reaching cuLaunchKernelEx, and the architecture
 check the loader installs still runs once per device. Device 0 and stream 0 stand for the GPU.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from nojit.loader.cuda_launch import LoadedFunction
+from nojit.loader.launch.cuda_launch import LoadedFunction
 
 
 class DryRunLauncher:
@@ -55,7 +55,10 @@ class DryRunLauncher:
 
 def install_dry_run() -> DryRunLauncher:
     """Put the dry-run launcher and device 0 / stream 0 in place (before nojit installs a bundle)."""
-    from nojit.loader import cuda_launch, tilelang_serving, torch_cuda, triton_serving
+    from nojit.loader.launch import cuda_launch
+    from nojit.loader.runtimes.tilelang import serving as tilelang_serving
+    from nojit.loader.launch import torch_cuda
+    from nojit.loader.runtimes.triton import serving as triton_serving
 
     dry = DryRunLauncher()
     cuda_launch._launcher = dry  # type: ignore[assignment]

@@ -1,7 +1,7 @@
 """A stand-in libcuda.so.1 that reports the GPU facts a test chooses (driver version, devices, capability).
 
 Only the facts are faked: the code under test opens it with ctypes as it opens the real driver
-(`nojit.loader.driver_floor.LIBCUDA` is the seam) and runs its real checks on the answers.
+(`nojit.loader.bundle.driver_floor.LIBCUDA` is the seam) and runs its real checks on the answers.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ bundle, out, missing_gen = sys.argv[1:4]
 from nojit.loader.install import install  # noqa: E402
 
 inst = install(bundle)
-served = inst.flashinfer
+served = inst.state("flashinfer")
 phase[0] = "import"
 import flashinfer  # noqa: E402,F401  (FlashInfer discovers its providers here, with its own find_spec)
 import flashinfer.jit.core as core  # noqa: E402

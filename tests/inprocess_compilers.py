@@ -103,7 +103,8 @@ def cubin_sm(image: bytes) -> int | None:
 
 
 def run(form: str, strict: bool) -> dict:
-    from nojit.loader import guards, inprocess_guard
+    from nojit.loader.strict import guards
+    from nojit.loader.strict import inprocess_guard
     from nojit.loader.errors import CompileForbiddenError
 
     prepared: dict = {}

@@ -24,8 +24,9 @@ def main(plan_path: str) -> int:
     assert "NOJIT_BUNDLE" not in os.environ
 
     import nojit.loader.install as install_mod
-    from nojit.loader import guards, installed_bundles
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.strict import guards
+    from nojit.loader.bundle import installed as installed_bundles
+    from nojit.loader.bundle.triton_key import key_from_json
 
     report["nojit_from"] = install_mod.__file__
     assert install_mod.__file__.startswith(sys.prefix), report  # the installed wheel, not the source tree
@@ -43,7 +44,7 @@ def main(plan_path: str) -> int:
         plan = json.load(f)
     resolved = {"exact": 0, "generic": 0}
     for request in plan["requests"]:
-        server = inst.triton[request["kernel"]]
+        server = inst.servers("triton")[request["kernel"]]
         key = key_from_json(request["key"])
         table = server.exact if request["variant"] == "exact" else server.generic
         variant = table.get(key)

@@ -32,7 +32,7 @@ sys.addaudithook(audit)
 
 import cutlass.cute as cute  # noqa: E402  (imports cuda-python, which runs `ldconfig -p` once, before the markers)
 
-from nojit.loader.bundle_file import Bundle  # noqa: E402
+from nojit.loader.bundle.file import Bundle  # noqa: E402
 
 # This box has no libcuda: vllm.vllm_flash_attn's __init__ (CUDA extensions) cannot load, and the indexer-q
 # module needs only its pure-Python cute.utils. The build uses the same stand-in (aot/runtimes/cutedsl/planner.py).
@@ -69,7 +69,7 @@ b.close()
 os.access(f"{marker}-BEGIN", os.F_OK)
 watching = True
 t0 = time.perf_counter()
-from nojit.loader import guards  # noqa: E402
+from nojit.loader.strict import guards  # noqa: E402
 from nojit.loader.errors import KernelNotInBundleError, NoJitError  # noqa: E402
 from nojit.loader.install import install  # noqa: E402
 
@@ -77,9 +77,9 @@ inst = install(bundle_path, mode="strict")
 t_install = time.perf_counter() - t0
 found: dict[str, list] = {}
 t1 = time.perf_counter()
-from nojit.loader.cutedsl_key import cache_slot  # noqa: E402
+from nojit.loader.bundle.cutedsl_key import cache_slot  # noqa: E402
 
-for kid, server in inst.cutedsl.items():
+for kid, server in inst.servers("cutedsl").items():
     for key in server.entries:
         cache, slot = cache_slot(server.owner, key)
         if hasattr(server.owner, "_get_or_compile"):
@@ -96,7 +96,7 @@ def _int_field(key):
     return next((f.name for f in dataclasses.fields(key) if type(getattr(key, f.name)) is int), None)
 
 
-some = next((s for s in inst.cutedsl.values() if hasattr(s.owner, "_get_or_compile")
+some = next((s for s in inst.servers("cutedsl").values() if hasattr(s.owner, "_get_or_compile")
              and _int_field(next(iter(s.entries)))), None)
 if some is not None:  # a key the bundle lacks: one int field of a bundled key plus one
     key = next(iter(some.entries))
@@ -111,7 +111,7 @@ if some is not None:  # a key the bundle lacks: one int field of a bundled key p
 # vLLM's real JIT warmup registry, through nojit's hook (the plugin installs it in a vLLM process): a fresh
 # server on each bundled registry owner, which vLLM's own model code registers, then registry.warmup().
 registry_report: dict = {}
-registry_owners = [s for s in inst.cutedsl.values() if hasattr(s.owner, "register_warmup")
+registry_owners = [s for s in inst.servers("cutedsl").values() if hasattr(s.owner, "register_warmup")
                    and "NORM_ROPE_STORE_KERNEL" not in s.kernel_id]  # that one registers with a layer prefix
 if registry_owners:
     from nojit.aot.models.deepseek_v4.cutedsl_owners import make_cutedsl_vllm_config

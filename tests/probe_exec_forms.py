@@ -103,9 +103,9 @@ tool = subprocess.run([f"{work}/allowed/mytool"], capture_output=True).returncod
 # the orphan: a shell in its own session that compiles after this process has exited, by name and by path
 c_system(f"setsid sh -c 'sleep 2; gcc -S {src} -o {out('orphan_by_name')}; "
          f"{GCC} -S {src} -o {out('orphan_by_path')}' >/dev/null 2>&1 < /dev/null &")
-from nojit.loader import landlock
+from nojit.loader.strict import landlock
 
-child = subprocess.run([sys.executable, "-c", "from nojit.loader import landlock; print(landlock.enforce(None, None).state)"],
+child = subprocess.run([sys.executable, "-c", "from nojit.loader.strict import landlock; print(landlock.enforce(None, None).state)"],
                        capture_output=True, text=True).stdout.strip()  # a spawned child inherits, stacks nothing
 
 r = landlock.report()

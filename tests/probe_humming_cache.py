@@ -26,7 +26,7 @@ import humming.device as hd  # noqa: E402
 hd.current_device._value = types.SimpleNamespace(is_ppu=False, sm_version=90)  # no GPU here: an sm_90 stand-in
 from humming.jit.compiler import Compiler, NVRTCCompiler  # noqa: E402
 
-from nojit.loader import humming_cache  # noqa: E402
+from nojit.loader.runtimes.humming import cache as humming_cache  # noqa: E402
 
 CODE = r'''
 extern "C" __global__ void nojit_probe_kernel(float* x, int n) {

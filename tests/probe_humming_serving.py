@@ -36,7 +36,7 @@ def _audit(event, args):
 sys.addaudithook(_audit)
 
 from nojit.aot.runtimes.humming import standin  # noqa: E402  (a stand-in for the GPU: device facts only)
-from nojit.loader.bundle_file import Bundle  # noqa: E402
+from nojit.loader.bundle.file import Bundle  # noqa: E402
 from nojit.loader.errors import KernelNotInBundleError  # noqa: E402
 from nojit.loader.install import install  # noqa: E402
 
@@ -47,7 +47,7 @@ if order in ("vllm", "transform"):  # vLLM's code computes Humming's configs bel
     deployment = load_deployment()
     install_deployment_platform(deployment.platform)
 if late:  # the stand-in goes in as soon as humming.device loads, before Humming's runtime (and nojit's seeding)
-    from nojit.loader.guards import RunAfterImport  # noqa: E402
+    from nojit.loader.strict.guards import RunAfterImport  # noqa: E402
 
     sys.meta_path.insert(0, RunAfterImport(lambda name: name == "humming.device",
                                            lambda: standin.install("NVIDIA H200", (9, 0), 132)))
@@ -58,7 +58,7 @@ t0 = time.perf_counter()
 inst = install(bundle_path=bundle_path, mode=mode)
 at_install = processes[len(before_install):]
 del processes[:]
-seeded_at_install = len(inst.humming.seeded)
+seeded_at_install = len(inst.state("humming").seeded)
 import humming.jit.compiler  # noqa: E402,F401  (strict mode: guarded as it loads)
 from humming.jit.runtime import KernelRuntime  # noqa: E402  (late: nojit seeds as this finishes loading)
 
@@ -67,8 +67,8 @@ del processes[:]
 
 seed_s = time.perf_counter() - t0
 out: dict = {"mode": mode, "late": late, "seeded_at_install": seeded_at_install,
-             "processes_importing_humming": before_install + at_import, "processes_at_install": at_install, "seeded": len(inst.humming.seeded), "seed_s": round(seed_s, 3),
-             "cache_dir": inst.humming.cache_dir}
+             "processes_importing_humming": before_install + at_import, "processes_at_install": at_install, "seeded": len(inst.state("humming").seeded), "seed_s": round(seed_s, 3),
+             "cache_dir": inst.state("humming").cache_dir}
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
 from check_humming_gemm import compile_step_guarded, count_compiles  # noqa: E402  (the Humming checks' one counter)
 
@@ -136,7 +136,7 @@ if order == "transform":
         per_op[call.op] = sum(launched.values()) - before
         assert tensors["weight"].dtype.is_floating_point is False
     out.update(load_s=round(time.perf_counter() - t1, 3), launches_per_op=per_op, launched=dict(launched),
-               hits=inst.humming.hits, compiles=list(compiles), processes=list(processes))
+               hits=inst.state("humming").hits, compiles=list(compiles), processes=list(processes))
     # a transform kernel the bundle lacks, constructed directly as Humming's ops do
     try:
         weight_ops.RepackWeightKernel(weight_bits=4, activation_bits=8, is_weight_packed=True,

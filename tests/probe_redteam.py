@@ -90,7 +90,7 @@ def opath_of_cc1_proc() -> None:
 def writable_tree() -> str | None:
     """A folder of this Python environment (a venv the test made, as a serving user owns its venv) that the
     allow-list lets run as a whole tree and this user can write; system folders are never written to."""
-    from nojit.loader import landlock
+    from nojit.loader.strict import landlock
 
     r = landlock.report()
     for folder in (r.plan.folders if r and r.plan else []):
@@ -256,7 +256,7 @@ for name, fn in forms.items():
         fn()
     except Exception as exc:  # noqa: BLE001 - a form that raises did not compile; say why
         errors[name] = f"{type(exc).__name__}: {exc}"[:300]
-from nojit.loader import landlock
+from nojit.loader.strict import landlock
 
 r = landlock.report()
 print("RESULT " + json.dumps({"compiled": {n: os.path.exists(out(n)) for n in forms}, "errors": errors,

@@ -38,10 +38,10 @@ def humming_module_name() -> str:
 
 def make(out: str, good_so: str) -> None:
     from nojit.aot.bundle_writer import write_bundle
-    from nojit.loader.records.flashinfer import FlashInferLaunch
-    from nojit.loader.records.humming import HummingLaunch
-    from nojit.loader.manifest import DeepGemmLaunch, Entry, KernelRecord, Producer, Target
-    from nojit.loader.versions import RuntimeVersions
+    from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
+    from nojit.loader.bundle.records.humming import HummingLaunch
+    from nojit.loader.bundle.manifest import DeepGemmLaunch, Entry, KernelRecord, Producer, Target
+    from nojit.loader.bundle.versions import RuntimeVersions
 
     here = RuntimeVersions.of_this_process()
     producer = Producer("0.0.0", here.vllm, here.triton, here.tilelang, None, None, "3.11", None)
@@ -70,7 +70,7 @@ def make(out: str, good_so: str) -> None:
 
     from humming.jit.compiler import NVRTCCompiler
 
-    from nojit.loader import humming_cache
+    from nojit.loader.runtimes.humming import cache as humming_cache
 
     h_info = {"humming_version": importlib.metadata.version("humming-kernels"),
               "headers_digest": humming_cache.headers_digest(), "nvrtc": humming_cache.nvrtc_version(NVRTCCompiler)}
@@ -81,7 +81,7 @@ def make(out: str, good_so: str) -> None:
 
     import vllm.third_party.deep_gemm as dg
 
-    from nojit.loader.deepgemm_cache import headers_digest
+    from nojit.loader.runtimes.deepgemm.cache import headers_digest
 
     d_info = {"deep_gemm_version": dg.__version__, "nvcc_version": "Cuda compilation tools, release 13.0, V13.0.48",
               "sm_count": 132, "pdl": False, "use_ue8m0": False}
@@ -137,18 +137,18 @@ def run(bundle: str, out: str) -> None:
         result.update(error=type(exc).__name__, message=str(exc))
         json.dump(result, open(out, "w"))
         return
-    if inst.humming is not None:
+    if inst.state("humming") is not None:
         import humming.jit.runtime  # noqa: F401 - seeds Humming's cache (humming_serving.activate)
     seeded = {}
-    if inst.flashinfer is not None:
-        module = next(iter(inst.flashinfer.modules))
-        seeded["SEEDED_FI_SO"] = os.path.join(inst.flashinfer.root, module, f"{module}.so")
+    if inst.state("flashinfer") is not None:
+        module = next(iter(inst.state("flashinfer").modules))
+        seeded["SEEDED_FI_SO"] = os.path.join(inst.state("flashinfer").root, module, f"{module}.so")
         seeded["SEEDED_TRT_CUBIN"] = os.path.join(os.environ["TRTLLM_DG_CACHE_DIR"], "cache", TRT_CUBIN,
                                                   "nvcc_kernel.cubin")
-    if inst.humming is not None:
-        seeded["SEEDED_HUMMING_CUBIN"] = inst.humming.seeded[0]
+    if inst.state("humming") is not None:
+        seeded["SEEDED_HUMMING_CUBIN"] = inst.state("humming").seeded[0]
         seeded["SEEDED_HUMMING_MODULE_DIR"] = os.path.join(os.environ["HUMMING_TMP_DIR"], "module")
-    if inst.deepgemm is not None:
+    if inst.state("deepgemm") is not None:
         seeded["SEEDED_DG_CUBIN"] = os.path.join(os.environ["DG_JIT_CACHE_DIR"], "cache", DG_ENTRY, "kernel.cubin")
     os.environ.update(seeded)
     result["seeded"] = seeded
@@ -165,14 +165,14 @@ def run(bundle: str, out: str) -> None:
     result["trt_cubin"] = _read(seeded.get("SEEDED_TRT_CUBIN"))
     result["dg_cubin"] = _read(seeded.get("SEEDED_DG_CUBIN"))
     result["humming_cubin"] = _read(seeded.get("SEEDED_HUMMING_CUBIN"))
-    if inst.humming is not None:
+    if inst.state("humming") is not None:
         from humming.utils.jit import make_humming_module
 
         module = make_humming_module(MODULE_FUNC, MODULE_RESULT)
         result["humming_module"] = {"file": module.__file__, "value": getattr(module, MODULE_FUNC)()}
     if inst.policy.recorder is not None:  # the record file, written as record mode writes it
         inst.policy.recorder.record("probe:kernel", "probe", "key", "miss", "")
-    from nojit.loader import firewall
+    from nojit.loader.strict import firewall
 
     firewall.log_event({"event": "probe"})  # the event log, written as strict mode writes it
     json.dump(result, open(out, "w"))

@@ -18,8 +18,8 @@ import importlib
 
 from nojit.aot.runtimes.triton.source_parts import source_parts
 from nojit.loader.errors import BundleMismatchError
-from nojit.loader.source_parts import unchanged_since_build
-from nojit.loader.versions import check_source
+from nojit.loader.runtimes.triton.source_parts import unchanged_since_build
+from nojit.loader.bundle.versions import check_source
 from triton.runtime.jit import JITCallable
 
 GUMBEL = "vllm.v1.worker.gpu.sample.gumbel"

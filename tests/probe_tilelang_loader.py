@@ -43,12 +43,12 @@ def main() -> int:
 
     install_deployment_platform(PlatformFacts())
     from nojit.loader.install import install
-    from nojit.loader.tilelang_serving import TileLangKernelServer
+    from nojit.loader.runtimes.tilelang.serving import TileLangKernelServer
 
     inst = install(bundle, mode="strict")
     import vllm.model_executor.kernels.mhc.tilelang_kernels as tk
 
-    result: dict = {"servers": sorted(inst.tilelang), "tilelang_imported": "tilelang" in sys.modules,
+    result: dict = {"servers": sorted(inst.servers("tilelang")), "tilelang_imported": "tilelang" in sys.modules,
                     "is_server": {n: isinstance(getattr(tk, n), TileLangKernelServer) for n in
                                   ("mhc_post_tilelang", "mhc_fused_tilelang", "hc_head_fuse_tilelang",
                                    "mhc_pre_big_fuse_with_norm_tilelang",
@@ -61,7 +61,7 @@ def main() -> int:
         if plan["kernels"][r["kernel"]]["runtime"] != "tilelang":
             continue
         v = r["extra"]["variant"]
-        server = inst.tilelang[r["kernel"]]
+        server = inst.servers("tilelang")[r["kernel"]]
         variant = server.compile(**dict(v["compile_kwargs"]))
         by_kwargs += variant.entry.key == r["key"]
         # vLLM's own warmup path: owner.compile(CompileKey) -> __call__ -> compile_tilelang(server, ...)
@@ -91,7 +91,7 @@ def launch_post_and_fused(tk) -> list:
     """Launch mhc_post and mhc_fused on CPU tensors through the stand-in driver."""
     import torch
 
-    import nojit.loader.tilelang_serving as ts
+    import nojit.loader.runtimes.tilelang.serving as ts
 
     ts.current_device = lambda: 0
     ts.current_stream = lambda device: 99

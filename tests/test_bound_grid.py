@@ -1,4 +1,4 @@
-"""`kernel[grid]` bound in C (csrc/nojit_fast.c bind_grid, loader/triton_fast.py serve_getitem): a served
+"""`kernel[grid]` bound in C (csrc/nojit_fast.c bind_grid, loader/runtimes/triton/fast.py serve_getitem): a served
 JITFunction's `fn[grid](...)` skips Triton's lambda and its re-packing of keywords, and must do exactly
 what `fn.run(grid=grid, warmup=False, *args, **kwargs)` does through Triton's own `__getitem__`: the same
 launches (grid, stream, parameter bytes, through a recording stand-in for cuLaunchKernelEx), the same
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from test_fastpath import _call_forms, _runner_for, draw_keyed_call, variant_for
 from test_triton_key_parity import call_args, tensor, theirs
-from nojit.loader import triton_fast
-from nojit.loader.triton_fast import fast_module, restore_getitem, serve_getitem
+from nojit.loader.launch import fast_module as fast_c
+from nojit.loader.runtimes.triton.fast import fast_module, restore_getitem, serve_getitem
 
 pytestmark = pytest.mark.skipif(fast_module() is None or shutil.which("cc") is None,
                                 reason="needs the built C fast path and a C compiler")
@@ -56,7 +56,7 @@ def recorder(tmp_path_factory):
     finally:
         m.configure(m.tensor_type, m.dtypes, 0)
         m.dlpack_launch_device_type(device_type)
-        triton_fast._launch_ready = False
+        fast_c._launch_ready = False
 
 
 def _record(lib, calls_before: int) -> tuple:
@@ -116,7 +116,7 @@ def test_bound_grid_does_what_tritons_lambda_does(recorder, data):
         m.set_function(t, 0, 0, 1)
     if options and fast.tables.get(key[1]) is not None:
         fast.tables_by_raw[tuple(options.items())] = fast.tables[key[1]]
-    import nojit.loader.torch_cuda as tc
+    import nojit.loader.launch.torch_cuda as tc
 
     saved = tc.current_device, tc.current_stream
     tc.current_device, tc.current_stream = (lambda: 0), (lambda d: 77)
@@ -150,7 +150,7 @@ def test_calls_the_runner_does_not_take_go_where_they_go_today(recorder):
     ctypes.c_int.in_dll(recorder, "nparams").value = len(variant_for(key).launch.args) + 2
     for t in fast.tables.values():
         fast_module().set_function(t, 0, 0, 1)
-    import nojit.loader.torch_cuda as tc
+    import nojit.loader.launch.torch_cuda as tc
 
     saved = tc.current_device, tc.current_stream
     tc.current_device, tc.current_stream = (lambda: 0), (lambda d: 77)
@@ -220,7 +220,7 @@ def test_the_bound_grid_holds_no_references_after_a_call(recorder):
     ctypes.c_int.in_dll(recorder, "nparams").value = len(variant.launch.args) + 2
     for t in fast.tables.values():
         fast_module().set_function(t, 0, 0, 1)
-    import nojit.loader.torch_cuda as tc
+    import nojit.loader.launch.torch_cuda as tc
 
     saved = tc.current_device, tc.current_stream
     tc.current_device, tc.current_stream = (lambda: 0), (lambda d: 77)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from conftest import SMALL_KERNELS, needs_vllm, run_cli
-from nojit.loader.bundle_file import Bundle
-from nojit.loader.triton_key import key_from_json
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.bundle.triton_key import key_from_json
 
 
 @needs_vllm
@@ -41,7 +41,7 @@ def test_inspect_prints_kernels_keys_and_versions(small_build):
     assert "verified" in out and "sm_90a" in out and "triton 3.8.0" in out and "vllm 0.33.0" in out
     assert "ComputePrefillMetadataKernel.kernel" in out and "[exact, registry:" in out
     manifest = json.loads(run_cli("inspect", small_build["bundle"], "--json").stdout)
-    from nojit.loader.manifest import FORMAT_VERSION
+    from nojit.loader.bundle.manifest import FORMAT_VERSION
 
     assert manifest["format"] == FORMAT_VERSION == 2
 

@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nojit.aot.bundle_writer import write_bundle
-from nojit.loader.bundle_file import HEADER, MAGIC, Bundle, Header
-from nojit.loader.canonical import canonical_json
+from nojit.loader.bundle.file import HEADER, MAGIC, Bundle, Header
+from nojit.loader.bundle.canonical import canonical_json
 from nojit.aot.errors import BuildError
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, NoJitError
-from nojit.loader.manifest import FORMAT_VERSION, Entry, KernelRecord, Producer, Target, TritonLaunch
+from nojit.loader.bundle.manifest import FORMAT_VERSION, Entry, KernelRecord, Producer, Target, TritonLaunch
 
 from bundle_bytes import seal
 

@@ -34,9 +34,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle
+from nojit.loader.bundle.file import HEADER, MAX_MANIFEST_BYTES, Bundle
 from nojit.loader.errors import NoJitError
-from nojit.loader.manifest import FORMAT_VERSION
+from nojit.loader.bundle.manifest import FORMAT_VERSION
 
 from bundle_bytes import index_json, seal, with_index
 
@@ -417,7 +417,7 @@ def test_damaged_real_bundle_is_refused_or_identical(tmp_path, real_bundle):
 BOMBS = textwrap.dedent(r"""
     import hashlib, json, resource, sys, zstandard
     resource.setrlimit(resource.RLIMIT_AS, (@LIMIT@, @LIMIT@))
-    from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header
+    from nojit.loader.bundle.file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header
     from nojit.loader.errors import NoJitError
 
     def write(path, blobs, manifest_raw, declared=None):

@@ -203,7 +203,7 @@ def test_mtp_verify_and_swa_metadata_run_vllms_own_call_sites_on_the_interpreter
     sys.path.insert(0, os.path.join(HERE, "gpu"))
     from check_call_sites import planned_keys
 
-    from nojit.loader.canonical import canonical_json
+    from nojit.loader.bundle.canonical import canonical_json
 
     planned = planned_keys(plan)
     unplanned = [(s_, k, key) for s_, k, _w, key in got["launches"]

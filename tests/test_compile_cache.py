@@ -15,7 +15,7 @@ import pytest
 
 from nojit.aot.compile_cache import ArtifactCache, CompileCache, CompileResultCodec, digest_of, launch_reader
 from nojit.aot.faces import CompileResult
-from nojit.loader.manifest import TileLangLaunch, TritonLaunch
+from nojit.loader.bundle.manifest import TileLangLaunch, TritonLaunch
 
 LAUNCH = TritonLaunch("k", 4, 1, (1, 1, 1), 16, 0, 1, 0, 1, False, True, ((0, "p"), (2, "i")), "ab" * 32)
 TL_LAUNCH = TileLangLaunch(

@@ -42,7 +42,7 @@ def run_with_fake(fake_driver, tmp_path, body: str) -> list[str]:
     log = tmp_path / "launch.log"
     script = textwrap.dedent(
         """
-        from nojit.loader.cuda_launch import CudaLauncher
+        from nojit.loader.launch.cuda_launch import CudaLauncher
         L = CudaLauncher()
         """
     ) + textwrap.dedent(body)
@@ -102,7 +102,7 @@ def test_driver_errors_are_typed_and_named(fake_driver, tmp_path):
 def test_no_driver_is_a_clear_error(tmp_path):
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path)}
     code = textwrap.dedent("""
-        from nojit.loader.cuda_launch import CudaLauncher
+        from nojit.loader.launch.cuda_launch import CudaLauncher
         from nojit.loader.errors import LaunchError
         try:
             CudaLauncher().driver_version()
@@ -137,7 +137,7 @@ def test_a_bundled_function_loads_once_per_device_checks_its_threads_and_names_i
     is asked, the device check once per device, a block larger than the cubin allows refused (equal is fine),
     and a driver refusal that names the kernel, the variant, the key (sorted) and the bundle, with the right fix."""
     launches = run_with_fake(fake_driver, tmp_path, """
-        from nojit.loader.cuda_launch import BundledFunction, launcher, _fix_for
+        from nojit.loader.launch.cuda_launch import BundledFunction, launcher, _fix_for
         from nojit.loader.errors import LaunchError
 
         assert launcher() is launcher() and launcher().loads == 0

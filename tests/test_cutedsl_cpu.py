@@ -61,8 +61,8 @@ def test_plan_has_every_registered_key():
 
 
 def test_bundle_entries(cute_build):
-    from nojit.loader.bundle_file import Bundle
-    from nojit.loader.manifest import CuteLaunch
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.bundle.manifest import CuteLaunch
 
     b = Bundle.open(cute_build["bundle"])
     try:
@@ -126,7 +126,7 @@ def test_strict_load_path_finds_every_key_without_compiling_or_processes(cute_bu
 
 def test_source_change_is_refused(cute_build, tmp_path):
     """A bundle whose CuTeDSL kernel source differs from the installed vLLM's is refused at install."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(cute_build["bundle"])
     kid = next(k for k, r in b.manifest.kernels.items() if r.runtime == "cutedsl" and "C128_BLOCK8" in k)
@@ -134,7 +134,7 @@ def test_source_change_is_refused(cute_build, tmp_path):
     code = (
         "import sys; from nojit.loader.install import install\n"
         "from nojit.loader.errors import BundleMismatchError\n"
-        "import nojit.loader.cutedsl_serving as s\n"
+        "import nojit.loader.runtimes.cutedsl.serving as s\n"
         "s.source_hash_of_files = lambda files: '0' * 64\n"
         f"try:\n    install({cute_build['bundle']!r}, mode='permissive', kernels={{{kid!r}}})\n"
         "except BundleMismatchError as e:\n    print('REFUSED', e.message)\n"
@@ -233,7 +233,7 @@ def test_device_launch_prep_layout_and_link_here(cute_build, tmp_path):
 
     out = tmp_path / "cu"
     m = prepare(cute_build["bundle"], str(out), wheel=False)
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(cute_build["bundle"])
     want = {(e.kernel, e.launch.symbol, e.blob) for e in b.manifest.entries}

@@ -20,7 +20,7 @@ import subprocess
 import pytest
 from conftest import run_cli
 
-from nojit.loader.deepgemm_cache import compress_keys, find_key, seed
+from nojit.loader.runtimes.deepgemm.cache import compress_keys, find_key, seed
 from nojit.loader.errors import BundleCorruptError
 
 
@@ -32,7 +32,7 @@ def _extension() -> str:
 
 
 def test_extension_has_lazy_popen_slots() -> None:
-    from nojit.loader.deepgemm_popen import plt_slots
+    from nojit.loader.runtimes.deepgemm.popen import plt_slots
 
     slots = plt_slots(_extension(), ("popen", "pclose"))
     assert set(slots) == {"popen", "pclose"} and all(v > 0 for v in slots.values())
@@ -120,8 +120,8 @@ def test_strict_refusal_names_kernel_shape_and_m(tmp_path) -> None:
     """A refused compile (the firewall saw DeepGEMM's nvcc command) becomes KernelNotInBundleError."""
     from types import SimpleNamespace
 
-    from nojit.loader.deepgemm_popen import PopenFirewall
-    from nojit.loader.deepgemm_serving import DeepGemmServing, _wrap
+    from nojit.loader.runtimes.deepgemm.popen import PopenFirewall
+    from nojit.loader.runtimes.deepgemm.serving import DeepGemmServing, _wrap
     from nojit.loader.errors import KernelNotInBundleError
     from nojit.loader.settings import Mode
 
@@ -195,7 +195,7 @@ def test_build_compiles_each_entry_once_and_a_rebuild_none(deepgemm_build) -> No
     no worker, no nvcc) and writes the same bytes."""
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = deepgemm_build
     m = Bundle.open(b["bundle"]).manifest
@@ -252,7 +252,7 @@ def test_strict_install_serves_every_m_through_deepgemms_own_lookup_without_a_pr
 
 def test_recorded_key_is_added_by_add_keys(deepgemm_build, tmp_path) -> None:
     """NOJIT_MODE=record's line for a DeepGEMM miss (M beyond the deployment's limit) -> `--add-keys`."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = deepgemm_build
     m = Bundle.open(b["bundle"]).manifest
@@ -282,7 +282,7 @@ def test_call_key_decodes_what_add_keys_resolves() -> None:
     from types import SimpleNamespace
 
     from nojit.aot.runtimes.deepgemm.enumerate import recorded_op
-    from nojit.loader.deepgemm_serving import call_key
+    from nojit.loader.runtimes.deepgemm.serving import call_key
 
     t = lambda *shape: SimpleNamespace(shape=shape)  # noqa: E731
     gemm = call_key("fp8_gemm_nt", ((t(77, 1024), None), (t(8192, 1024), None), None))
@@ -308,7 +308,7 @@ def test_call_key_decodes_what_add_keys_resolves() -> None:
 
 
 def test_manifest_checks_deepgemm_launches() -> None:
-    from nojit.loader.manifest import DeepGemmLaunch, _Fields
+    from nojit.loader.bundle.manifest import DeepGemmLaunch, _Fields
 
     good = {"entry": "sm90_fp8_gemm_1d2d.0123abcd", "source": "#include <x>\nint y;\n",
             "calls": [["attention.wq_b", 8192, 1024, 1, 31]]}

@@ -22,8 +22,8 @@ import test_tilelang_fast as tlf
 from test_fastpath import _runner_for, bound_of, variant_for
 from test_triton_key_parity import DTYPES, call_args, specializer, tensor, theirs
 from triton_test_kernels import every_kind
-from nojit.loader import triton_fast
-from nojit.loader.triton_fast import TritonFastPath, fast_module
+from nojit.loader.runtimes.triton import fast as triton_fast
+from nojit.loader.runtimes.triton.fast import TritonFastPath, fast_module
 
 m = fast_module()
 pytestmark = [
@@ -307,8 +307,8 @@ def test_runners_read_torchs_stream_through_dlpack_only_for_torchs_accessor():
     calls that accessor, as before."""
     from types import SimpleNamespace
 
-    from nojit.loader.triton_fast import make_run
-    from nojit.loader.triton_serving import TritonKernelServer
+    from nojit.loader.runtimes.triton.fast import make_run
+    from nojit.loader.runtimes.triton.serving import TritonKernelServer
 
     base = dict(p=tensor(torch.float32, True), p_noalign=tensor(torch.float32, False),
                 q=tensor(torch.bfloat16, False), n=16, n_dns=1, n_noalign=32, n64=1, scale=1.0, flag=True, x=2.5,
@@ -321,7 +321,7 @@ def test_runners_read_torchs_stream_through_dlpack_only_for_torchs_accessor():
                              record=SimpleNamespace(id="t"), _options={}, _debug=False, _instrumentation_mode="",
                              run=lambda *a, **k: None)
     server.options_key = lambda o: TritonKernelServer.options_key(server, o)
-    make_run(server, real)  # torch's own accessors (nojit.loader.torch_cuda)
+    make_run(server, real)  # torch's own accessors (nojit.loader.launch.torch_cuda)
     assert m.runner_reads_stream_through_dlpack(real.runner) is True
     prev = m.dlpack_enable(False)
     try:

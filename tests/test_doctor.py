@@ -18,11 +18,11 @@ from conftest import run_cli
 from fake_gpu import fake_libcuda
 from nojit.aot.bundle_writer import write_bundle
 from nojit.aot.target import TARGET
-from nojit.loader import driver_floor
+from nojit.loader.bundle import driver_floor
 from nojit.loader.doctor import FAIL, OK, diagnose
-from nojit.loader.manifest import KernelRecord, Producer
-from nojit.loader.unserved import JITS, _reachable
-from nojit.loader.versions import installed_version
+from nojit.loader.bundle.manifest import KernelRecord, Producer
+from nojit.loader.unserved import _reachable, jits
+from nojit.loader.bundle.versions import installed_version
 
 
 def _records() -> list[KernelRecord]:
@@ -38,7 +38,7 @@ def _records() -> list[KernelRecord]:
         "humming": {"humming_version": installed_version("humming-kernels"),
                     "nvrtc": "nvrtc+" + ".".join(nvrtc.split(".")[:2])},
     }
-    runtimes = [j.runtime for j in JITS if _reachable(j)]
+    runtimes = [j.runtime for j in jits() if _reachable(j)]
     return [KernelRecord(f"vllm.fake_{rt}:kernel", rt, "0" * 64, (), {k: v for k, v in info[rt].items() if v})
             for rt in runtimes]
 

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from fake_gpu import fake_libcuda
-from nojit.loader import driver_floor
-from nojit.loader.driver_floor import DriverTooOldError, bundle_floors, check_driver, parse_toolkit
+from nojit.loader.bundle import driver_floor
+from nojit.loader.bundle.driver_floor import DriverTooOldError, bundle_floors, check_driver, parse_toolkit
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -44,7 +44,7 @@ from nojit.aot.runtimes.triton.rows import Tensor
 from nojit.aot.models.deepseek_v4.derived import DSV4_DERIVED
 from nojit.loader.resolve import jit_function_of
 from nojit.aot.runtimes.triton.compiler import key_for_call
-from nojit.loader.triton_key import ArgSpecializer, key_to_json, make_binder, options_key, with_implicit_options
+from nojit.loader.bundle.triton_key import ArgSpecializer, key_to_json, make_binder, options_key, with_implicit_options
 
 out_path, kernels = sys.argv[1], sys.argv[2].split(",")
 d = load_deployment()

@@ -1,5 +1,5 @@
-"""Issue 21, Build 2 and Must show 2 (process compilers): strict mode's exec allow-list (loader/landlock.py) and
-compiler identity (loader/compilers.py).
+"""Issue 21, Build 2 and Must show 2 (process compilers): strict mode's exec allow-list (loader/strict/landlock.py) and
+compiler identity (loader/strict/compilers.py).
 
 Written as the attack: a fresh strict-mode process (Landlock on, as in production) starts gcc in every form the
 audit hook and the PATH stand-ins cannot see (tests/probe_exec_forms.py), and none of them makes its output file.
@@ -20,7 +20,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from nojit.loader import compilers, landlock
+from nojit.loader.strict import compilers
+from nojit.loader.strict import landlock
 
 PROBE = os.path.join(ROOT, "tests", "probe_exec_forms.py")
 HAVE_GCC = all(os.path.exists(p) for p in ("/usr/bin/gcc", "/usr/bin/as", "/usr/bin/ld"))
@@ -117,7 +118,7 @@ def test_without_landlock_the_stand_ins_still_catch_an_orphan_by_name(work):
 
 
 def test_no_landlock_is_said_in_one_line():
-    code = ("from nojit.loader import landlock; landlock.abi_version = lambda: None; "
+    code = ("from nojit.loader.strict import landlock; landlock.abi_version = lambda: None; "
             "r = landlock.enforce(None, None); print(r.state)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={k: v for k, v in os.environ.items() if k != landlock.ACTIVE_ENV})
@@ -128,7 +129,7 @@ def test_no_landlock_is_said_in_one_line():
 
 def test_a_copied_marker_is_not_an_inherited_domain():
     """NOJIT_LANDLOCK_ACTIVE naming an ancestor is not enough: without no_new_privs the process is not restricted."""
-    code = "from nojit.loader import landlock; print(landlock._enforced_by_ancestor())"
+    code = "from nojit.loader.strict import landlock; print(landlock._enforced_by_ancestor())"
     env = {**os.environ, landlock.ACTIVE_ENV: str(os.getpid())}
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout.strip() == "False"
     nnp = "import ctypes; ctypes.CDLL(None).prctl(38, 1, 0, 0, 0); " + code  # the positive control

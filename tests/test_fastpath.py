@@ -1,4 +1,4 @@
-"""The one-call C path (csrc/nojit_fast.c, loader/triton_fast.py) against the Python path and Triton.
+"""The one-call C path (csrc/nojit_fast.c, loader/runtimes/triton/fast.py) against the Python path and Triton.
 
 For drawn calls (ints around every class boundary, aligned and misaligned tensors of many
 dtypes, None, bools, floats, constexprs, launch options): the C table finds an entry exactly
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from test_triton_key_parity import DTYPES, call_args, ours, specializer, tensor, theirs
-from nojit.loader.triton_fast import TritonFastPath, fast_module
-from nojit.loader.triton_key import make_binder
+from nojit.loader.runtimes.triton.fast import TritonFastPath, fast_module
+from nojit.loader.bundle.triton_key import make_binder
 
 pytestmark = pytest.mark.skipif(fast_module() is None, reason="the C fast path is not built")
 
@@ -205,16 +205,16 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
         sys.path.insert(0, "tests/gpu")
         from nojit.loader.install import install
         from triton_harness import synthesize
-        import nojit.loader.torch_cuda as tc
-        import nojit.loader.triton_serving as ts
-        import nojit.loader.triton_fast as tf
+        import nojit.loader.launch.torch_cuda as tc
+        import nojit.loader.runtimes.triton.serving as ts
+        import nojit.loader.runtimes.triton.fast as tf
         tc.current_device = ts.current_device = tf.current_device = lambda: 0
         tc.current_stream = ts.current_stream = tf.current_stream = lambda d: 77
         tc.device_capability = lambda d: (9, 0)
         inst = install(sys.argv[1], mode="strict", allow_mismatch=frozenset({"arch"}))
         SIZE = dict(p=8, l=8, L=8, d=8, i=4, u=4, f=4, h=2, H=2, e=2, b=2, c=1)
         n = 0
-        for kid, server in sorted(inst.triton.items()):
+        for kid, server in sorted(inst.servers("triton").items()):
             assert server.entry_point != server.run, kid
             server.prepare()
             assert type(server.entry_point).__name__ == "builtin_function_or_method", kid  # the C runner
@@ -238,7 +238,7 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
                 assert fn[(3, 2, 1)](**kwargs) is variant, (kid, key)  # the Python path
                 fn.run = server.entry_point
                 n += 1
-        fns = [s.fn for s in inst.triton.values()]
+        fns = [s.fn for s in inst.servers("triton").values()]
         inst.uninstall()
         from triton.runtime.jit import JITFunction
         assert all(type(f) is JITFunction and "run" not in f.__dict__ for f in fns)  # their own class back
@@ -259,8 +259,8 @@ def test_real_bundle_fast_and_python_paths_hand_the_driver_the_same_launches(sma
 # ------------------------------------------------------------------------------ the C runner's binding
 def _runner_for(fn, exact):
     """make_run over a stand-in server whose Python paths record that they were taken."""
-    from nojit.loader.triton_fast import make_run
-    from nojit.loader.triton_serving import TritonKernelServer
+    from nojit.loader.runtimes.triton.fast import make_run
+    from nojit.loader.runtimes.triton.serving import TritonKernelServer
 
     fast = TritonFastPath(fn, specializer, exact)
     taken = []
@@ -268,7 +268,7 @@ def _runner_for(fn, exact):
                              _options={}, _debug=False, _instrumentation_mode="",
                              run=lambda *a, **k: taken.append(("slow", a, k)) or "slow")
     server.options_key = lambda o: TritonKernelServer.options_key(server, o)
-    import nojit.loader.torch_cuda as tc
+    import nojit.loader.launch.torch_cuda as tc
 
     saved = tc.current_device, tc.current_stream
     tc.current_device, tc.current_stream = (lambda: 0), (lambda d: 77)  # no GPU here; C takes them at make_run
@@ -425,11 +425,11 @@ def test_the_runner_launches_through_the_driver_entry_with_grid_callables_and_op
             seen.append(ctypes.c_int.in_dll(lib, "calls").value)
         assert seen == [1, 2, 3] and not taken
     finally:
-        from nojit.loader import triton_fast
+        from nojit.loader.launch import fast_module as fast_c
 
         m.configure(m.tensor_type, m.dtypes, 0)
         m.dlpack_launch_device_type(device_type)
-        triton_fast._launch_ready = False
+        fast_c._launch_ready = False
 
 
 def every_kind_run(fn, run, grid, kwargs, options):

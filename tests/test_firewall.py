@@ -18,7 +18,8 @@ import textwrap
 
 import pytest
 
-from nojit.loader import firewall, guards
+from nojit.loader.strict import firewall
+from nojit.loader.strict import guards
 from nojit.loader.errors import CompileForbiddenError
 
 NVCC = ("nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
@@ -87,7 +88,7 @@ def strict(caller, tmp_path, monkeypatch):
 def events(report) -> list[dict]:
     if not os.path.exists(report.event_log):
         return []
-    from nojit.loader.inprocess_guard import STATUS_EVENTS  # what strict mode reports at start, not a refusal
+    from nojit.loader.strict.inprocess_guard import STATUS_EVENTS  # what strict mode reports at start, not a refusal
 
     with open(report.event_log) as f:
         return [e for e in map(json.loads, f) if e.get("event") not in STATUS_EVENTS]
@@ -188,7 +189,7 @@ def test_every_stand_in_refused_by_python_forms(strict, tmp_path):
 
 IMPORT_AFTER_INSTALL = textwrap.dedent("""
     import sys
-    from nojit.loader import guards
+    from nojit.loader.strict import guards
     from nojit.loader.errors import CompileForbiddenError
     assert "triton" not in sys.modules and "tilelang" not in sys.modules
     guards.install_strict_guards()
@@ -247,7 +248,7 @@ def test_bundle_without_toolchain_starts_no_process_and_refuses_probes(tmp_path,
     """No record in the manifest: strict startup runs no tool to learn versions (the GPU check counts processes);
     the stand-ins refuse version probes (exit 127), which FlashInfer and Triton read as an absent tool. Without a
     bundle (activate()) the installed tools are probed before the stand-ins go up."""
-    from nojit.loader.manifest import Producer
+    from nojit.loader.bundle.manifest import Producer
 
     real = shutil.which("nvcc")
     if real is None:
@@ -257,7 +258,7 @@ def test_bundle_without_toolchain_starts_no_process_and_refuses_probes(tmp_path,
     monkeypatch.delenv("NOJIT_FIREWALL_DIR", raising=False)
     producer = Producer(nojit="0", vllm=None, triton=None, tilelang=None, ptxas=None, nvcc=None, python="3.11",
                         torch=None)
-    import nojit.loader.toolchain as toolchain_mod
+    import nojit.loader.strict.toolchain as toolchain_mod
 
     with monkeypatch.context() as m:
         m.setattr(toolchain_mod.subprocess, "run", lambda *a, **k: pytest.fail(f"a process was started: {a}"))
@@ -274,7 +275,7 @@ def test_bundle_without_toolchain_starts_no_process_and_refuses_probes(tmp_path,
         assert report.versions_from == "installed tools"
         assert subprocess.run(["nvcc", "--version"], capture_output=True, text=True, check=True).stdout == expected
         # a child process reuses the folder (vLLM's spawned workers)
-        child = subprocess.run([sys.executable, "-c", "from nojit.loader import firewall; r = firewall.activate(); "
+        child = subprocess.run([sys.executable, "-c", "from nojit.loader.strict import firewall; r = firewall.activate(); "
                                 "print(r.root, r.versions_from)"], capture_output=True, text=True, check=True)
         assert child.stdout.split() == [report.root, "inherited"]
     finally:
@@ -284,7 +285,7 @@ def test_bundle_without_toolchain_starts_no_process_and_refuses_probes(tmp_path,
 
 def test_manifest_toolchain_round_trip_and_validation():
     from nojit.loader.errors import BundleCorruptError
-    from nojit.loader.manifest import Producer, _Fields
+    from nojit.loader.bundle.manifest import Producer, _Fields
 
     base = dict(nojit="0", vllm=None, triton=None, tilelang=None, ptxas=None, nvcc=None, python="3.11", torch=None)
     assert "toolchain" not in Producer(**base).to_json()  # older bundles' bytes stay the same
@@ -316,7 +317,7 @@ def test_a_failed_install_takes_its_firewall_down(tmp_path, monkeypatch):
 
 CUTE_HUMMING_AFTER_INSTALL = textwrap.dedent("""
     import sys
-    from nojit.loader import guards
+    from nojit.loader.strict import guards
     from nojit.loader.errors import CompileForbiddenError
     assert "cutlass" not in sys.modules and "humming" not in sys.modules
     guards.install_strict_guards()

@@ -65,7 +65,7 @@ def fi_bundle(tmp_path_factory):
 def _libcuda_stand_in(bundle_path: str, folder) -> str | None:
     """This box has no driver: a libcuda.so.1 defining the driver functions the bundled modules import (never
     called here: nothing launches), so that the dynamic loader can load fp8_blockscale_gemm_90.so, which needs it."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     if shutil.which("cc") is None or shutil.which("nm") is None:
         return None
@@ -157,8 +157,8 @@ def test_record_mode_records_a_missing_module(fi_bundle, tmp_path):
 
 
 def test_seeded_module_is_checked_against_the_bundle(fi_bundle, tmp_path):
-    from nojit.loader import flashinfer_serving
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
+    from nojit.loader.bundle.file import Bundle
     from nojit.loader.errors import BundleCorruptError, BundleMismatchError
     from nojit.loader.policy import ServingPolicy
     from nojit.loader.settings import Mode
@@ -193,8 +193,8 @@ def test_trtllm_deepgemm_finds_the_seeded_cubins_without_nvcc(fi_bundle, tmp_pat
     finds every bundled kernel in the seeded cache: the nvcc it would run is a script that leaves a mark."""
     from nojit.aot.runtimes.flashinfer import trtllm
     from nojit.aot.runtimes.flashinfer.compiler import build_root, pip_cuda_dir
-    from nojit.loader import flashinfer_serving
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
+    from nojit.loader.bundle.file import Bundle
     from importlib.metadata import version
 
     bundle = Bundle.open(fi_bundle)

@@ -213,7 +213,7 @@ def test_carried_flashinfer_finds_and_loads_the_seeded_modules(tmp_path):
             spec = gen()
             found[spec.name] = [(a.provider_id, str(a.path)) for a in spec.aot_artifacts]
         module = sampling.gen_sampling_module().try_load()
-        print(json.dumps(dict(file=flashinfer.__file__, found=found, root=inst.flashinfer.root,
+        print(json.dumps(dict(file=flashinfer.__file__, found=found, root=inst.state("flashinfer").root,
                               loaded=type(module).__name__, fn=type(getattr(module, "top_k_mask_logits")).__name__,
                               started=started)))
     """)

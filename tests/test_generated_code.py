@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import builtins
 
-from nojit.loader import triton_key
-from nojit.loader.triton_key import generated
+from nojit.loader.bundle import triton_key
+from nojit.loader.bundle.triton_key import generated
 
 
 def test_one_compile_per_source_text_each_function_keeps_its_filename(monkeypatch):

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from nojit.loader.triton_key import generic_spec, hint_agreement, layout_spec
+from nojit.loader.bundle.triton_key import generic_spec, hint_agreement, layout_spec
 
 triton = pytest.importorskip("triton")
 

@@ -18,9 +18,9 @@ import time
 import pytest
 
 from nojit.aot.bundle_writer import write_bundle
-from nojit.loader.bundle_file import HEADER, Bundle, Pin
+from nojit.loader.bundle.file import HEADER, Bundle, Pin
 from nojit.loader.errors import BundleError, BundleMismatchError, NoJitError
-from nojit.loader.manifest import Entry, KernelRecord, Producer, Target, TritonLaunch
+from nojit.loader.bundle.manifest import Entry, KernelRecord, Producer, Target, TritonLaunch
 
 PRODUCER = Producer("0.1.0", "0.33.0", "3.8.0", None, "12.9.86", None, "3.11.7", "2.14.0")
 TARGET = Target("cuda", 90, "sm_90a", 32)
@@ -140,7 +140,7 @@ def test_a_fifo_or_device_as_the_bundle_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     code = f"""
 import sys
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import BundleError
 for path in ({str(fifo)!r}, "/dev/zero", "/dev/null"):
     try:
@@ -242,7 +242,7 @@ def _fake_wheel(site, info: object) -> None:
 def test_a_bundle_wheel_recording_a_number_or_a_path_is_a_typed_error(tmp_path, monkeypatch, info, field):
     import importlib
 
-    from nojit.loader import installed_bundles
+    from nojit.loader.bundle import installed as installed_bundles
     from nojit.loader.errors import BundleCorruptError
 
     site = tmp_path / "site"
@@ -257,7 +257,7 @@ def test_a_bundle_wheel_recording_a_number_or_a_path_is_a_typed_error(tmp_path, 
 def test_a_bundle_wheel_positive_control_a_valid_record_is_found_and_pinned(tmp_path, monkeypatch):
     import importlib
 
-    from nojit.loader import installed_bundles
+    from nojit.loader.bundle import installed as installed_bundles
 
     site = tmp_path / "site"
     data = _bundle(str(tmp_path / "b.nojit"), "wheel")
@@ -335,11 +335,11 @@ import importlib.metadata, json, os, sys
 from types import SimpleNamespace
 site, case = sys.argv[1], sys.argv[2]
 sys.path.insert(0, site)
-from nojit.loader import cutedsl_serving as cs
-from nojit.loader.cutedsl_key import source_hash_of_files
+from nojit.loader.runtimes.cutedsl import serving as cs
+from nojit.loader.bundle.cutedsl_key import source_hash_of_files
 from nojit.loader.errors import BundleMismatchError
 from nojit.loader.resolve import resolve_installed
-from nojit.loader.manifest import KernelRecord
+from nojit.loader.bundle.manifest import KernelRecord
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.settings import TOOL_FACTS, Mode
 cs.SOURCE_PACKAGES = ("nojit_fake_dist",)

@@ -1,5 +1,5 @@
 """Humming's kernel cache key is bound to the machine (header mtimes, install paths, NVRTC version); nojit's
-seed (loader/humming_cache.py) lets Humming compute the serving machine's key itself, so a bundled cubin is
+seed (loader/runtimes/humming/cache.py) lets Humming compute the serving machine's key itself, so a bundled cubin is
 found by Humming's own lookup with no compile and no process. Humming's NVRTC path compiles on this GPU-less
 box (NVRTC from the nvidia-cuda-nvrtc wheel; its builtins library found through LD_LIBRARY_PATH)."""
 

@@ -2,7 +2,7 @@
 
 The build enumerates the kernels DeepSeek-V4-Flash's MXFP4 experts reach with Humming's own selection
 (aot/runtimes/humming/enumerate.py) and compiles them with Humming's own NVRTC path. Serving seeds Humming's
-cache under the key this process's Humming computes (loader/humming_serving.py); with strict mode's firewall on,
+cache under the key this process's Humming computes (loader/runtimes/humming/serving.py); with strict mode's firewall on,
 Humming's own kernel creation finds every bundled kernel: no process (audit hook, and `strace -f` where
 installed), no arrival at Humming's compile step (counted). A configuration the bundle lacks is refused by name.
 
@@ -59,7 +59,7 @@ def _probe(tmp_path, bundle, mode, trace, order="early"):
 
 @pytest.mark.parametrize("order", ["early", "late"])  # Humming imported before install, or after (a vLLM worker)
 def test_every_bundled_humming_kernel_is_found_without_process_or_compile(tmp_path, humming_bundle, order):
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(humming_bundle)
     entries = [e for k in b.kernel_ids() if b.index.kernels[k].runtime == "humming" for e in b.entries(k)]
@@ -116,7 +116,7 @@ def test_vllm_calls_into_humming_find_every_kernel(tmp_path, humming_bundle):
     """The calls a vLLM worker makes at the first forward, with vLLM's own tuning tables: HummingKernel.prepare_kernels
     for w13 and w2 and ProcessInputKernel.prepare_kernels for the w2 input. Needs a bundle with the GEMM kernels
     (NOJIT_TEST_HUMMING_BUNDLE, e.g. `nojit build --runtime humming`): in strict mode a missing kernel raises."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(humming_bundle)
     if not any(k.endswith(":HummingKernel") for k in b.kernel_ids()):

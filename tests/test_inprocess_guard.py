@@ -1,4 +1,4 @@
-"""Strict mode refuses the in-process compilers (loader/inprocess_guard.py, csrc/nojit_inproc.c), each written
+"""Strict mode refuses the in-process compilers (loader/strict/inprocess_guard.py, csrc/nojit_inproc.c), each written
 as the attack: NVRTC through cuda.bindings (its Python wrapper, and the function taken before strict mode went
 up, which reaches the C entry) and through ctypes (a copy loaded before strict mode and one loaded after), and
 nvJitLink through ctypes and cuda.bindings, PTX to cubin. Positive control: with strict mode off each form
@@ -70,7 +70,7 @@ def test_importable_compilers_reported_never_imported(tmp_path):
     marker = tmp_path / "imported"
     (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     log = tmp_path / "events.jsonl"
-    code = ("from nojit.loader import guards, inprocess_guard; guards.install_strict_guards(); "
+    code = ("from nojit.loader.strict import guards, inprocess_guard; guards.install_strict_guards(); "
             "r = inprocess_guard.report(); print(r.summary()); print(','.join(r.importable))")
     env = {**os.environ, "NOJIT_EVENT_LOG": str(log),
            "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
@@ -100,7 +100,8 @@ int cuLinkAddFile_v2(void *s, int type, const char *path, unsigned n, void *o, v
 
 _DRIVER_CALL = """
 import ctypes, json, sys
-from nojit.loader import guards, inprocess_guard
+from nojit.loader.strict import guards
+from nojit.loader.strict import inprocess_guard
 if sys.argv[1] == "strict":
     guards.install_strict_guards()
 lib = ctypes.CDLL(sys.argv[2])  # loaded after strict mode went up: patched on arrival
@@ -138,7 +139,7 @@ def test_driver_linker_refused_through_a_stand_in_libcuda(tmp_path):
 _BINDINGS_DRIVER_LOAD = """
 import json, sys
 from cuda.bindings import driver
-from nojit.loader import guards
+from nojit.loader.strict import guards
 from nojit.loader.errors import CompileForbiddenError
 if sys.argv[1] == "strict":
     guards.install_strict_guards()
@@ -178,7 +179,7 @@ def test_cuda_initialized_before_strict_mode_is_said(tmp_path):
     log = tmp_path / "events.jsonl"
     code = ("import sys, types; m = types.ModuleType('torch.cuda'); m.is_initialized = lambda: True; "
             "sys.modules['torch.cuda'] = m\n"
-            "from nojit.loader import guards, inprocess_guard; guards.install_strict_guards(); "
+            "from nojit.loader.strict import guards, inprocess_guard; guards.install_strict_guards(); "
             "print(inprocess_guard.report().ptx_jit)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "NOJIT_EVENT_LOG": str(log)})
@@ -223,7 +224,7 @@ def test_nvrtc_loaded_by_an_extension_import_after_strict_mode_is_refused(tmp_pa
     ext = tmp_path / ("nvrtc_ext" + sysconfig.get_config_var("EXT_SUFFIX"))
     subprocess.run(["cc", "-shared", "-fPIC", "-O0", f"-I{sysconfig.get_paths()['include']}", f"-I{root}/include",
                     "-o", str(ext), str(src), f"-L{root}/lib", "-l:libnvrtc.so.13", f"-Wl,-rpath,{root}/lib"], check=True)
-    code = ("import json, sys\nfrom nojit.loader import guards, inprocess_guard\n"
+    code = ("import json, sys\nfrom nojit.loader.strict import guards, inprocess_guard\n"
             "if sys.argv[1] == 'strict':\n    guards.install_strict_guards()\n"
             f"sys.path.insert(0, {str(tmp_path)!r})\nimport nvrtc_ext\n"
             "print(json.dumps(list(nvrtc_ext.compile())))")

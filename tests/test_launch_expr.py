@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nojit.loader.errors import LaunchError
-from nojit.loader.launch_expr import evaluate, free_variables, validate_expr
+from nojit.loader.bundle.launch_expr import evaluate, free_variables, validate_expr
 
 GRID = {"op": "//", "args": [{"op": "+", "args": [{"var": "num_tokens"}, 1]}, 2]}
 

@@ -20,10 +20,9 @@ def _imports(path: str) -> set[str]:
 
 
 def test_loader_never_imports_aot():
-    for name in os.listdir(os.path.join(ROOT, "loader")):
-        if name.endswith(".py"):
-            bad = {m for m in _imports(os.path.join(ROOT, "loader", name)) if m.startswith(("nojit.aot", "aot"))}
-            assert not bad, f"loader/{name} imports {bad}"
+    for mod, path in side_modules("loader").items():
+        bad = {m for m in _imports(path) if m.startswith(("nojit.aot", "aot"))}
+        assert not bad, f"loader/{mod.replace('.', '/')} imports {bad}"
 
 
 def test_installed_names_live_under_the_nojit_namespace(tmp_path):
@@ -56,10 +55,10 @@ AOT_LAYERS = (
 )
 
 
-def aot_modules() -> dict[str, str]:
-    """Dotted name under nojit.aot ("" for the package itself) -> file."""
+def side_modules(side: str, root: str = ROOT) -> dict[str, str]:
+    """Dotted name under nojit.<side> ("" for the package itself) -> file."""
     out = {}
-    base = os.path.join(ROOT, "aot")
+    base = os.path.join(root, side)
     for folder, _dirs, files in os.walk(base):
         for name in files:
             if name.endswith(".py"):
@@ -68,10 +67,11 @@ def aot_modules() -> dict[str, str]:
     return out
 
 
-def aot_import_graph() -> dict[str, set[str]]:
-    """module -> the aot modules it imports (explicitly, or as the parent packages Python imports first;
-    a module's own enclosing packages are already being imported and are left out)."""
-    modules = aot_modules()
+def import_graph(side: str, root: str = ROOT) -> dict[str, set[str]]:
+    """module -> the modules of nojit.<side> it imports, anywhere in its file (explicitly, or as the parent
+    packages Python imports first; a module's own enclosing packages are already being imported and are left out)."""
+    modules = side_modules(side, root)
+    prefix = f"nojit.{side}"
     graph: dict[str, set[str]] = {}
     for mod, path in modules.items():
         package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
@@ -87,18 +87,25 @@ def aot_import_graph() -> dict[str, set[str]]:
                     base = package.split(".") if package else []
                     base = base[: len(base) - node.level + 1]
                     module = ".".join(base + ([node.module] if node.module else []))
-                    module = "nojit.aot" + ("." + module if module else "")
+                    module = prefix + ("." + module if module else "")
                 else:
                     module = node.module or ""
                 names = [module] + [f"{module}.{a.name}" for a in node.names]
             for name in names:
-                if name == "nojit.aot" or name.startswith("nojit.aot."):
-                    rel = name.removeprefix("nojit.aot").lstrip(".")
-                    if rel in modules:
-                        parts = rel.split(".")
-                        targets |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+                if name == prefix or name.startswith(prefix + "."):
+                    rel = name.removeprefix(prefix).lstrip(".")
+                    parts = rel.split(".")
+                    targets |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
         graph[mod] = {t for t in targets if t in modules and t not in own}
     return graph
+
+
+def aot_modules() -> dict[str, str]:
+    return side_modules("aot")
+
+
+def aot_import_graph() -> dict[str, set[str]]:
+    return import_graph("aot")
 
 
 def aot_layer(mod: str) -> int:
@@ -165,9 +172,174 @@ def test_no_import_inside_functions_names_aot_above_itself():
     assert not bad, "\n".join(bad)
 
 
-if __name__ == "__main__":  # print the build side's import graph, by layer
-    g = aot_import_graph()
-    for level, (name, _patterns) in enumerate(AOT_LAYERS):
-        print(f"[{level}] {name}")
-        for m in sorted(x for x in g if x and aot_layer(x) == level):
-            print(f"    {m:36s} -> {', '.join(sorted(g[m])) or '-'}")
+# ----------------------------------------------------------------------------- the serving side's import graph
+# Layers of loader/, lowest first, as for aot/. runtimes/<r>/ are rooms: one never imports another. The
+# bundle-format room sits right above errors and settings, so it imports no serving module.
+LOADER_LAYERS = (
+    ("errors and settings", ("", "errors", "settings", "packages", "private_dir")),
+    ("bundle-format room", ("bundle", "bundle.*")),
+    ("policy", ("policy",)),
+    ("strict-mode room", ("strict", "strict.*")),
+    ("launch room", ("launch", "launch.*")),
+    ("resolve and the face", ("installed_modules", "resolve", "faces")),
+    ("runtime rooms", ("runtimes.*",)),
+    ("runtime registry", ("runtimes",)),
+    ("the process's JITs", ("unserved",)),
+    ("install", ("install",)),
+    ("vLLM integration and tools", ("announce", "vllm_registry", "plugin", "doctor")),
+)
+ROOM_FOLDERS = {"aot": ("runtimes", "models"), "loader": ("runtimes",)}
+
+
+def layer_of(layers: tuple, side: str, mod: str) -> int:
+    for level, (_name, patterns) in enumerate(layers):
+        for p in patterns:
+            if mod == p or (p.endswith(".*") and mod.startswith(p[:-1])):
+                return level
+    raise AssertionError(f"{side}/{mod.replace('.', '/')}: not in any layer of tests/test_layout.py's "
+                         f"{side.upper()}_LAYERS")
+
+
+def room_of(side: str, mod: str, layers: tuple) -> str | None:
+    """The room a module is in (None: not in a layer of rooms, e.g. rows every room shares, a layer below)."""
+    parts = mod.split(".")
+    if parts[0] not in ROOM_FOLDERS[side] or len(parts) < 2 or not layers[layer_of(layers, side, mod)][0].endswith("rooms"):
+        return None
+    return ".".join(parts[:2])
+
+
+def arrows_against_layers(side: str, layers: tuple, graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points up a layer, or from one room into another."""
+    bad = []
+    for mod, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            up, down = layer_of(layers, side, t), layer_of(layers, side, mod)
+            if up > down:
+                bad.append(f"{mod} -> {t} (up: {layers[up][0]} above {layers[down][0]})")
+            elif (room_of(side, t, layers) and room_of(side, mod, layers) and room_of(side, t, layers) != room_of(side, mod, layers)
+                  and t.split(".")[0] == mod.split(".")[0]):  # a runtime room may use a model room's kind below it
+                bad.append(f"{mod} -> {t} (one room imports another)")
+    return bad
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t not in state:
+                found = visit(t)
+                if found:
+                    return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_loader_imports_point_down_only():
+    bad = arrows_against_layers("loader", LOADER_LAYERS, import_graph("loader"))
+    assert not bad, "\n".join(bad)
+
+
+def test_loader_import_graph_has_no_cycle():
+    found = cycle_in(import_graph("loader"))
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def test_bundle_format_room_imports_no_serving_module():
+    graph = import_graph("loader")
+    allowed = {m for m in graph if layer_of(LOADER_LAYERS, "loader", m) <= 1}
+    bad = [f"{m} -> {t}" for m in graph if m.split(".")[0] == "bundle" for t in graph[m] if t not in allowed]
+    assert not bad, "\n".join(bad)
+
+
+def _scratch_copy(tmp_path, edits: dict[str, str]) -> str:
+    """A copy of loader/ with `edits` (path -> text appended), for showing that a rule can fail."""
+    import shutil
+
+    shutil.copytree(os.path.join(ROOT, "loader"), tmp_path / "loader", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    for rel, text in edits.items():
+        with open(tmp_path / "loader" / rel, "a") as f:
+            f.write(text)
+    return str(tmp_path)
+
+
+def test_the_loader_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_path):
+    assert not arrows_against_layers("loader", LOADER_LAYERS, import_graph("loader"))  # the tree as it is passes
+    back = _scratch_copy(tmp_path / "back", {"bundle/manifest.py": "\nfrom nojit.loader.runtimes.humming import serving\n"})
+    assert any("bundle.manifest -> runtimes.humming.serving (up" in b
+               for b in arrows_against_layers("loader", LOADER_LAYERS, import_graph("loader", back)))
+    sibling = _scratch_copy(tmp_path / "sibling", {"runtimes/tilelang/serving.py": "\nfrom nojit.loader.runtimes.triton import fast\n"})
+    assert "runtimes.tilelang.serving -> runtimes.triton (one room imports another)" in arrows_against_layers(
+        "loader", LOADER_LAYERS, import_graph("loader", sibling))
+    cyclic = _scratch_copy(tmp_path / "cycle", {"bundle/manifest.py": "\nfrom nojit.loader.bundle.file import Bundle\n"})
+    assert cycle_in(import_graph("loader", cyclic)) == ["bundle.file", "bundle.manifest", "bundle.file"]
+
+
+def _runtime_dispatch(tree: ast.AST) -> list[int]:
+    """Lines comparing something's `.runtime` (or a `runtime` name) with a string: dispatch by runtime name."""
+    def names_runtime(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "runtime") or (isinstance(node, ast.Name)
+                                                                                and node.id == "runtime")
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(names_runtime(x) for x in sides) and any(
+                    isinstance(x, ast.Constant) and isinstance(x.value, str) for x in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+# Runtime-name comparisons merged from other work before this rule existed, to move into each runtime's launch
+# record (the arch names it records, the tool versions it checks); the list may only shrink.
+_DISPATCH_TO_MOVE = {"bundle.arch_fit": 2, "doctor": 1}
+
+
+def test_no_runtime_dispatch_outside_the_registries():
+    found: dict[str, int] = {}
+    for m, path in side_modules("loader").items():
+        lines = _runtime_dispatch(ast.parse(open(path).read()))
+        if lines:
+            found[m] = len(lines)
+    bad = [f"loader/{m.replace('.', '/')}: {n} comparisons of a runtime name" for m, n in sorted(found.items())
+           if n > _DISPATCH_TO_MOVE.get(m, 0)]
+    assert not bad, "\n".join(bad)
+    assert _runtime_dispatch(ast.parse('if record.runtime == "triton": pass')) == [1]  # the check can fail
+
+
+def test_every_serving_runtime_has_a_launch_record_a_build_face_and_real_guards():
+    from nojit.aot.runtimes import RUNTIMES as BUILT
+    from nojit.loader.bundle.manifest import RUNTIMES as RECORDED
+    from nojit.loader.runtimes import RUNTIMES as SERVED
+    from nojit.loader.strict import guards
+
+    assert set(SERVED) == set(RECORDED) == set(BUILT)
+    for runtime in SERVED.values():
+        assert runtime.display and runtime.jits and all(j.runtime == runtime.name for j in runtime.jits)
+        assert set(runtime.guards) <= set(guards._LIBRARY_GUARDS), runtime.name
+
+
+if __name__ == "__main__":  # print both sides' import graphs, by layer, and what breaks their rules
+    for side, layers in (("aot", AOT_LAYERS), ("loader", LOADER_LAYERS)):
+        g = import_graph(side)
+        print(f"== nojit.{side}")
+        for level, (name, _patterns) in enumerate(layers):
+            print(f"[{level}] {name}")
+            for m in sorted(x for x in g if x and layer_of(layers, side, x) == level):
+                print(f"    {m:36s} -> {', '.join(sorted(g[m])) or '-'}")
+        found = cycle_in(g)
+        problems = arrows_against_layers(side, layers, g) + (["cycle: " + " -> ".join(found)] if found else [])
+        print("\n".join(f"  !! {p}" for p in problems) or "  no cycle, no back arrow, no sibling import")

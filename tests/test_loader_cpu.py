@@ -17,11 +17,11 @@ import torch
 
 from conftest import needs_vllm
 from nojit.aot.bundle_writer import write_bundle
-from nojit.loader import guards
-from nojit.loader.bundle_file import Bundle
+from nojit.loader.strict import guards
+from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import BundleMismatchError, CompileForbiddenError, KernelNotInBundleError, LaunchError
 from nojit.loader.install import install
-from nojit.loader.manifest import KernelRecord
+from nojit.loader.bundle.manifest import KernelRecord
 
 C128A = "vllm.models.deepseek_v4.sparse_mla:BuildC128ATopkMetadataKernel.kernel"
 
@@ -61,7 +61,7 @@ def kernel():
 @needs_vllm
 def test_bundled_key_goes_straight_to_the_launcher(installed):
     inst = installed(mode="strict")
-    server = inst.triton[C128A]
+    server = inst.servers("triton")[C128A]
     assert kernel().run == server.entry_point == server._first_call  # installed, not prepared yet
     assert inst.bundle._sections == {} and inst.bundle._parts == {}  # install() decoded no kernel's entries
     before = len(guards.compile_attempts)  # the list is per process; earlier tests refused compilers on purpose
@@ -78,7 +78,7 @@ def test_bundled_key_goes_straight_to_the_launcher(installed):
 def test_warmup_of_a_bundled_key_returns_without_compiling(installed):
     inst = installed(mode="strict")
     variant = kernel().warmup(grid=(1,), **c128a_args())
-    assert variant is inst.triton[C128A].exact[next(iter(inst.triton[C128A].exact))]
+    assert variant is inst.servers("triton")[C128A].exact[next(iter(inst.servers("triton")[C128A].exact))]
 
 
 @needs_vllm
@@ -91,10 +91,10 @@ def test_unaligned_pointer_falls_back_to_the_generic_entry(installed):
 
 @needs_vllm
 def test_generic_entry_is_chosen_by_the_call_divisibility(installed):
-    from nojit.loader.triton_key import generic_spec, key_from_json, layout_spec
+    from nojit.loader.bundle.triton_key import generic_spec, key_from_json, layout_spec
 
     inst = installed(mode="strict")
-    server = inst.triton[C128A]
+    server = inst.servers("triton")[C128A]
     (spec, okey), = list(server.exact)
     rp = server._runtime_param
     laid_out = (layout_spec(spec, rp), okey)
@@ -122,7 +122,7 @@ def test_strict_miss_names_kernel_key_and_fix(installed):
 def test_permissive_miss_warns_once_and_uses_the_jit(installed, caplog, monkeypatch):
     inst = installed(mode="permissive")
     calls = []
-    server = inst.triton[C128A]
+    server = inst.servers("triton")[C128A]
     monkeypatch.setattr(server, "_jit_run", lambda fn, *a, **kw: calls.append(kw["grid"]) or "jit")
     with caplog.at_level(logging.WARNING, logger="nojit"):
         assert kernel()[(4,)](**c128a_args(block_table_dtype=torch.int64)) == "jit"
@@ -136,7 +136,7 @@ def test_permissive_miss_warns_once_and_uses_the_jit(installed, caplog, monkeypa
 def test_record_mode_appends_each_distinct_key_once(installed, tmp_path, monkeypatch):
     record = tmp_path / "keys.jsonl"
     inst = installed(mode="record", record_file=str(record))
-    monkeypatch.setattr(inst.triton[C128A], "_jit_run", lambda *a, **kw: None)
+    monkeypatch.setattr(inst.servers("triton")[C128A], "_jit_run", lambda *a, **kw: None)
     for _ in range(3):
         kernel().warmup(grid=(1,), **c128a_args())  # exact hit, recorded once
         kernel()[(4,)](**c128a_args(block_table_dtype=torch.int64))  # miss, recorded once
@@ -224,7 +224,7 @@ def test_unknown_kernel_module_is_a_mismatch(installed, small_build, tmp_path):
 def test_vllm_general_plugin_installs_the_bundle_in_each_process(small_build):
     code = ("from vllm.plugins import load_general_plugins; load_general_plugins(); "
             "from nojit.loader.install import current; c = current(); "
-            "print('installed', None if c is None else sorted(c.triton))")
+            "print('installed', None if c is None else sorted(c.servers('triton')))")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("NOJIT_BUNDLE", None)
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -236,8 +236,8 @@ def test_vllm_general_plugin_installs_the_bundle_in_each_process(small_build):
 
 def test_another_gpu_architecture_is_refused():
     from nojit.loader.errors import BundleMismatchError
-    from nojit.loader.manifest import Manifest, Producer, Target
-    from nojit.loader.versions import check_arch
+    from nojit.loader.bundle.manifest import Manifest, Producer, Target
+    from nojit.loader.bundle.versions import check_arch
 
     m = Manifest(1, Producer("0.1.0", None, None, None, None, None, "3.11", None), Target("cuda", 90, "sm_90a", 32),
                  {}, {}, (), {})

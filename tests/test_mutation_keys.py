@@ -1,5 +1,5 @@
-"""Key rules against the real JIT, fast and deterministic (issue 13's mutation run of loader/triton_key.py,
-loader/tilelang_key.py and loader/key_values.py uses this file as its test command).
+"""Key rules against the real JIT, fast and deterministic (issue 13's mutation run of loader/bundle/triton_key.py,
+loader/bundle/tilelang_key.py and loader/bundle/key_values.py uses this file as its test command).
 
 Expected keys come from Triton's own binder (`create_function_from_signature` + `native_specialize_impl`,
 through aot's `key_for_call`) and from TileLang's own phase-1 key (`tilelang.jit`'s signature binding, when
@@ -17,8 +17,8 @@ import triton.language as tl
 from triton._utils import canonicalize_ptr_dtype
 
 from nojit.aot.runtimes.triton.compiler import key_for_call
-from nojit.loader.key_values import UnsupportedArgument, check_tagged, tag, untag
-from nojit.loader.triton_key import (
+from nojit.loader.bundle.key_values import UnsupportedArgument, check_tagged, tag, untag
+from nojit.loader.bundle.triton_key import (
     ArgSpecializer, from_triton_specialization, generic_spec, hint_agreement, key_from_json, key_text, key_to_json,
     layout_spec, make_binder, options_key, runtime_params, with_implicit_options,
 )
@@ -232,8 +232,8 @@ def test_tilelang_binder_matches_python_signature_binding():
     non-tensor parameters in signature order; Python's own Signature.bind is that binding."""
     import inspect
 
-    from nojit.loader.tilelang_key import MISSING
-    from nojit.loader.tilelang_key import make_binder as tl_binder
+    from nojit.loader.bundle.tilelang_key import MISSING
+    from nojit.loader.bundle.tilelang_key import make_binder as tl_binder
 
     bind, tensors, scalars = tl_binder(_tl_kernel, {"a", "b"})
     assert tensors == ("a", "b") and scalars == ("n", "block", "flag", "scale", "name", "none")
@@ -253,7 +253,7 @@ def test_tilelang_binder_matches_python_signature_binding():
 
 
 def test_tilelang_binder_refuses_parameters_it_cannot_key():
-    from nojit.loader.tilelang_key import make_binder as tl_binder
+    from nojit.loader.bundle.tilelang_key import make_binder as tl_binder
 
     def star(a, *rest): ...
     def kwonly(a, *, n): ...
@@ -265,7 +265,7 @@ def test_tilelang_binder_refuses_parameters_it_cannot_key():
 
 
 def test_tilelang_key_json():
-    from nojit.loader.tilelang_key import key_from_json as tl_from, key_names, key_text as tl_text, key_to_json as tl_to
+    from nojit.loader.bundle.tilelang_key import key_from_json as tl_from, key_names, key_text as tl_text, key_to_json as tl_to
 
     names, values = ("n", "flag", "scale", "name", "none", "inf"), (4, True, 1.5, "x", None, float("inf"))
     obj = tl_to(names, values)
@@ -292,7 +292,7 @@ def test_tilelang_source_hash_follows_source_helpers_and_plain_globals(tmp_path,
     import importlib
     import sys
 
-    from nojit.loader.tilelang_key import source_hash
+    from nojit.loader.bundle.tilelang_key import source_hash
 
     def load(name, text):
         (tmp_path / f"{name}.py").write_text(text)

@@ -13,9 +13,9 @@ import pytest
 import zstandard
 
 from bundle_bytes import index_json, index_offset, seal
-from nojit.loader.bundle_file import HEADER, Bundle, Header
+from nojit.loader.bundle.file import HEADER, Bundle, Header
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError
-from nojit.loader.manifest import FORMAT_VERSION
+from nojit.loader.bundle.manifest import FORMAT_VERSION
 from test_schema_rules import CUBIN_B, SHA_A, SHA_B, valid, write
 
 
@@ -24,7 +24,7 @@ def _data() -> bytes:
     return seal(m, blobs)
 
 
-# ---------------------------------------------------------------------------- reader (loader/bundle_file.py)
+# ---------------------------------------------------------------------------- reader (loader/bundle/file.py)
 def test_a_pin_may_use_every_hex_digit(tmp_path):
     """`set(want) <= hex digits`, not a proper subset: a digest holding all sixteen digits is a digest."""
     path = write(tmp_path, b"not a bundle")
@@ -83,7 +83,7 @@ def test_a_cubin_cut_short_after_open_names_its_digest(tmp_path):
 
 
 def test_a_recorded_pin_mismatch_is_damage_and_shows_both_digests(tmp_path):
-    from nojit.loader.bundle_file import Pin
+    from nojit.loader.bundle.file import Pin
 
     data = b"not the recorded bundle"
     path = write(tmp_path, data)
@@ -98,7 +98,7 @@ def test_a_recorded_pin_mismatch_is_damage_and_shows_both_digests(tmp_path):
 def test_close_releases_the_descriptor_and_header_is_immutable(tmp_path):
     import dataclasses
 
-    from nojit.loader.bundle_file import Pin
+    from nojit.loader.bundle.file import Pin
 
     b = Bundle.open(write(tmp_path, _data()))
     fd = b._fd
@@ -124,7 +124,7 @@ def test_a_duplicate_key_is_named_up_to_64_characters(tmp_path):
 
 
 def test_canonical_json_refuses_non_finite_numbers():
-    from nojit.loader.canonical import canonical_json
+    from nojit.loader.bundle.canonical import canonical_json
 
     assert canonical_json({"b": 1, "a": [1.5, "x"]}) == b'{"a":[1.5,"x"],"b":1}'
     for bad in (float("nan"), float("inf")):
@@ -152,7 +152,7 @@ def test_an_index_outside_the_file_is_named_at_the_header(tmp_path):
             Bundle.open(write(tmp_path, header.pack() + data[HEADER.size:]))
 
 
-# ---------------------------------------------------------------------------- schema (loader/manifest.py)
+# ---------------------------------------------------------------------------- schema (loader/bundle/manifest.py)
 def _open_all(tmp_path, m: dict, blobs: dict | None = None) -> Bundle:
     b = Bundle.open(write(tmp_path, seal(m, valid()[1] if blobs is None else blobs)))
     b.verify()
@@ -166,7 +166,7 @@ def _refused(tmp_path, m: dict, match: str) -> None:
 
 def test_manifest_records_are_frozen():
     """Records are shared by every thread of a server once parsed: none can be changed in place."""
-    from nojit.loader import manifest as mf
+    from nojit.loader.bundle import manifest as mf
 
     for cls in (mf.Producer, mf.Target, mf.BlobRef, mf.SectionRef, mf.TritonLaunch, mf.TileLangLaunch, mf.CuteLaunch,
                 mf.DeepGemmLaunch, mf.KernelRecord, mf.Entry, mf.Manifest, mf.Index):
@@ -399,7 +399,7 @@ def test_producer_toolchain_origin_and_duplicate_messages_at_their_bounds(tmp_pa
 
 
 def test_producer_json_has_a_toolchain_only_when_recorded():
-    from nojit.loader.manifest import Producer
+    from nojit.loader.bundle.manifest import Producer
 
     plain = Producer("0.1.0", "0.33.0", "3.8.0", None, None, None, "3.11", None)
     assert "toolchain" not in plain.to_json() and plain.to_json()["nojit"] == "0.1.0"
@@ -407,9 +407,9 @@ def test_producer_json_has_a_toolchain_only_when_recorded():
     assert Producer("0.1.0", None, None, None, None, None, "3.11", None, probes).to_json()["toolchain"] == probes
 
 
-# ---------------------------------------------------------------------------- expressions (loader/launch_expr.py)
+# ---------------------------------------------------------------------------- expressions (loader/bundle/launch_expr.py)
 def test_comparison_operators_evaluate_as_integers():
-    from nojit.loader.launch_expr import evaluate, validate_expr
+    from nojit.loader.bundle.launch_expr import evaluate, validate_expr
 
     for op, want in [("<", (1, 0, 0)), ("<=", (1, 1, 0)), ("==", (0, 1, 0))]:
         got = []
@@ -432,7 +432,7 @@ def _balanced(leaves: int):
 
 
 def test_expression_size_counts_every_node_once():
-    from nojit.loader.launch_expr import evaluate, validate_expr
+    from nojit.loader.bundle.launch_expr import evaluate, validate_expr
 
     validate_expr(_balanced(128), set())  # 255 nodes
     assert evaluate(_balanced(128), {}) == 128

@@ -77,7 +77,7 @@ def _layer_of_serving_packages(folder: str) -> str:
 
 @pytest.mark.skipif(not importlib.util.find_spec("vllm"), reason="vLLM is not installed")
 def test_wheelhouse_installs_offline_and_serves_with_no_compiler(small_build, tmp_path):
-    from nojit.loader.installed_bundles import file_sha256
+    from nojit.loader.bundle.installed import file_sha256
 
     t0 = time.monotonic()
     wheelhouse = str(tmp_path / "wheelhouse")

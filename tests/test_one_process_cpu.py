@@ -15,9 +15,9 @@ import sys
 import pytest
 
 from nojit.aot.bundle_writer import write_bundle
-from nojit.loader.bundle_file import Bundle, canonical_json
+from nojit.loader.bundle.file import Bundle, canonical_json
 from nojit.loader.errors import PreflightError
-from nojit.loader.manifest import Entry
+from nojit.loader.bundle.manifest import Entry
 
 from test_bundle_format import PRODUCER, TARGET, _inputs
 

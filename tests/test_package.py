@@ -13,9 +13,9 @@ import zipfile
 import pytest
 
 from conftest import run_cli
-from nojit.loader import installed_bundles
+from nojit.loader.bundle import installed as installed_bundles
 from nojit.loader.errors import BundleCorruptError, BundleError
-from nojit.loader.installed_bundles import file_sha256
+from nojit.loader.bundle.installed import file_sha256
 
 
 @pytest.fixture

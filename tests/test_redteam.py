@@ -26,7 +26,7 @@ import tempfile
 import pytest
 
 from conftest import ROOT
-from nojit.loader import landlock
+from nojit.loader.strict import landlock
 
 PROBE = os.path.join(ROOT, "tests", "probe_redteam.py")
 HAVE_GCC = all(os.path.exists(p) for p in ("/usr/bin/gcc", "/usr/bin/as", "/usr/bin/ld"))
@@ -244,7 +244,7 @@ def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp
     from bundle_bytes import seal
     from test_schema_rules import CUBIN_A, SHA_A, valid
 
-    from nojit.loader.bundle_file import HEADER, Bundle
+    from nojit.loader.bundle.file import HEADER, Bundle
     from nojit.loader.errors import BundleCorruptError
 
     raw = seal(*valid())

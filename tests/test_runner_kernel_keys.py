@@ -50,7 +50,7 @@ def one(plan: dict[str, Any], suffix: str) -> str:
 
 def key_json(fn: Any, args: tuple, kwargs: dict) -> str:
     from nojit.aot.runtimes.triton.compiler import key_for_call
-    from nojit.loader.triton_key import key_to_json
+    from nojit.loader.bundle.triton_key import key_to_json
 
     return json.dumps(key_to_json(key_for_call(fn, args, kwargs)), sort_keys=True)
 

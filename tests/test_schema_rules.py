@@ -17,10 +17,10 @@ import pytest
 import zstandard
 
 from nojit.loader import settings as settings_mod
-from nojit.loader.bundle_file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header
+from nojit.loader.bundle.file import HEADER, MAX_MANIFEST_BYTES, Bundle, Header
 from nojit.loader.errors import BundleCorruptError, BundleError, BundleMismatchError, NoJitError
-from nojit.loader.launch_expr import evaluate, validate_expr
-from nojit.loader.manifest import FORMAT_VERSION, MAX_CUBIN_BYTES
+from nojit.loader.bundle.launch_expr import evaluate, validate_expr
+from nojit.loader.bundle.manifest import FORMAT_VERSION, MAX_CUBIN_BYTES
 
 from bundle_bytes import index_json, index_offset, seal, with_index
 
@@ -358,7 +358,7 @@ def test_cutedsl_tool_versions_are_a_row_of_the_one_allow_table(monkeypatch, cap
     import importlib.metadata as md
     from types import SimpleNamespace
 
-    from nojit.loader.cutedsl_serving import check_tools
+    from nojit.loader.runtimes.cutedsl.serving import check_tools
     from nojit.loader.settings import MISMATCH_FACTS, TOOL_FACTS
 
     tools = ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")
@@ -389,7 +389,9 @@ def test_package_location_is_one_function_its_three_users_share(tmp_path, monkey
     """"Where is package X installed" is packages.package_dirs for a bundle wheel's package (installed_bundles),
     a tool's dist-info (versions) and vLLM's files (installed_modules): a package planted first on sys.path moves
     all three."""
-    from nojit.loader import installed_bundles, installed_modules, packages, versions
+    from nojit.loader import installed_modules, packages
+    from nojit.loader.bundle import installed as installed_bundles
+    from nojit.loader.bundle import versions
 
     pkg = tmp_path / "nojit_probe_pkg"
     pkg.mkdir()
@@ -427,7 +429,7 @@ def test_kernel_ids_import_only_installed_package_modules(tmp_path, monkeypatch)
 def test_driver_errors_name_kernel_key_and_bundle():
     from types import SimpleNamespace
 
-    from nojit.loader.cuda_launch import BundledFunction
+    from nojit.loader.launch.cuda_launch import BundledFunction
 
     entry = SimpleNamespace(kernel="vllm.m:k", variant="exact", key={"spec": [["i32", "D"]], "options": []}, blob="0" * 64)
     f = BundledFunction(SimpleNamespace(path="/srv/b.nojit"), entry, "k", 0, None)
@@ -449,7 +451,7 @@ def test_internal_errors_are_contained_outside_strict_mode(caplog):
 
 def test_tagged_values_round_trip_and_stay_distinct():
     """tag() and check_tagged(): True, 1 and 1.0 distinct; non-finite floats by name; wrappers unwrapped."""
-    from nojit.loader.key_values import UnsupportedArgument, check_tagged, tag
+    from nojit.loader.bundle.key_values import UnsupportedArgument, check_tagged, tag
 
     class dtype:  # noqa: N801  stands for triton.language.dtype (tag looks at the class name only)
         def __str__(self):

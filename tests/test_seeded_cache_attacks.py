@@ -293,8 +293,8 @@ def test_default_folders_planted_by_another_user_are_not_used(scene, bundles):
     """The old default paths pre-created by the attacker (0777, a planted .so at the exact path FlashInfer would
     load, a planted .py in Humming's tmp/module): nojit seeds a fresh private runtime folder instead, the
     attacker's swap after install cannot touch it, and the libraries load the bundle's files."""
-    from nojit.loader import flashinfer_serving
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(bundles["flashinfer"])
     entries = {e.launch.module: e for k in b.kernel_ids() for e in b.entries(k)}

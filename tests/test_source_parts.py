@@ -1,5 +1,5 @@
 """The source check at a kernel's first launch: the build's record of what Triton's cache_key was made of
-(aot/runtimes/triton/source_parts.py, loader/source_parts.py) must refuse exactly what cache_key refuses,
+(aot/runtimes/triton/source_parts.py, loader/runtimes/triton/source_parts.py) must refuse exactly what cache_key refuses,
 and pass an unchanged kernel without calling cache_key. Real vLLM kernels, real Triton, fresh processes."""
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def _serve(bundle: str, how: str) -> dict:
 @needs_vllm
 def test_first_use_checks_the_record_and_falls_back_to_cache_key(small_build, tmp_path):
     from nojit.aot.bundle_writer import write_bundle
-    from nojit.loader.bundle_file import Bundle
-    from nojit.loader.manifest import KernelRecord
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.bundle.manifest import KernelRecord
 
     b = Bundle.open(small_build["bundle"])
     m = b.manifest

@@ -16,9 +16,9 @@ from collections import Counter
 import pytest
 
 from conftest import HAS_GPU, have, run_cli
-from nojit.loader.bundle_file import Bundle
-from nojit.loader.launch_expr import evaluate
-from nojit.loader.manifest import TileLangLaunch
+from nojit.loader.bundle.file import Bundle
+from nojit.loader.bundle.launch_expr import evaluate
+from nojit.loader.bundle.manifest import TileLangLaunch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MHC = "vllm.model_executor.kernels.mhc.tilelang_kernels"

@@ -19,10 +19,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nojit.loader.tilelang_serving as ts
-from nojit.loader.manifest import Entry, TileLangLaunch
-from nojit.loader.tilelang_key import MISSING
-from nojit.loader.triton_fast import fast_module
+import nojit.loader.runtimes.tilelang.serving as ts
+from nojit.loader.bundle.manifest import Entry, TileLangLaunch
+from nojit.loader.bundle.tilelang_key import MISSING
+from nojit.loader.runtimes.triton.fast import fast_module
 
 pytestmark = pytest.mark.skipif(fast_module() is None, reason="the C extension is not built")
 
@@ -223,7 +223,7 @@ def tensors_for(launch: TileLangLaunch, v: ts.TileLangVariant, n: int, split_k: 
 
 def bundle_parity(path: str, monkeypatch) -> int:
     """Every TileLang variant of a bundle: C and Python agree over several token counts (no declines)."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(path)
     n_checked = 0
@@ -263,7 +263,7 @@ def test_c_and_python_paths_reach_the_stand_in_driver_identically(tmp_path):
         import sys
         sys.path.insert(0, "tests")
         import torch
-        import nojit.loader.tilelang_serving as ts
+        import nojit.loader.runtimes.tilelang.serving as ts
         from test_tilelang_fast import fused_launch, post_launch, post_tensors, variant_for
 
         class Blobs:

@@ -17,8 +17,8 @@ from conftest import needs_vllm
 from nojit.loader.resolve import jit_function_of
 from nojit.aot.models.deepseek_v4.owners import REPORT_KERNELS
 from nojit.aot.runtimes.triton.compiler import key_for_call
-from nojit.loader.key_values import UnsupportedArgument
-from nojit.loader.triton_key import ArgSpecializer, generic_spec, key_from_json, key_to_json, make_binder, options_key, with_implicit_options
+from nojit.loader.bundle.key_values import UnsupportedArgument
+from nojit.loader.bundle.triton_key import ArgSpecializer, generic_spec, key_from_json, key_to_json, make_binder, options_key, with_implicit_options
 
 INTS = [0, 1, 2, 15, 16, 17, -1, -16, -17, 1024, 2**31 - 1, 2**31, 2**31 + 16, -(2**31), -(2**31) - 1, 2**32,
         2**63 - 16, 2**63, 2**63 + 1, 2**64 - 16]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from nojit.loader import unserved
-from nojit.loader.manifest import RUNTIMES
+from nojit.loader.bundle.manifest import RUNTIMES
 
 
 def test_every_runtime_serves_exactly_one_listed_jit():
-    assert sorted(j.runtime for j in unserved.JITS) == sorted(RUNTIMES)
+    assert sorted(j.runtime for j in unserved.jits()) == sorted(RUNTIMES)
 
 
 def test_a_bundle_with_every_runtime_serves_every_reachable_jit():

@@ -77,7 +77,7 @@ def run_scenario(tmp_path, registry_bundle, *extra: str, nojit: bool = True) -> 
     report["stderr"] = p.stderr
     programs = None
     if strace:
-        # an exec the kernel's allow-list refused (loader/landlock.py): nothing legitimate may be among them
+        # an exec the kernel's allow-list refused (loader/strict/landlock.py): nothing legitimate may be among them
         report["exec_refused"] = [line for line in trace.read_text().splitlines() if "exec" in line and "EACCES" in line]
         programs = [(path, re.findall(r'"((?:[^"\\]|\\.)*)"', argv)) for path, argv in
                     re.findall(r'exec(?:ve|veat)\((?:\d+, )?"([^"]*)", \[(.*?)\]', trace.read_text())]
@@ -119,7 +119,7 @@ def test_strict_warmup_with_empty_triton_cache_compiles_nothing(tmp_path, regist
     assert report["nojit"]["unserved"] == []
     assert report["nojit"]["keys"].get("Triton", 0) > 0 and report["nojit"]["keys"].get("TileLang", 0) > 0
     entries = sum(1 for _ in json.load(open(registry_bundle["plan"]))["requests"])
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     blobs = len({e.blob for e in Bundle.open(registry_bundle["bundle"]).manifest.entries})
     assert report["nojit"]["preloaded"] == entries and report["dry"]["loads"] == blobs  # a cubin loads once
@@ -127,7 +127,7 @@ def test_strict_warmup_with_empty_triton_cache_compiles_nothing(tmp_path, regist
     assert report["triton_cache_before"] == [] and report["triton_cache_after"] == []
     assert report["triton_real_driver_created"] is False
     assert "nojit[pid" in report["stderr"] and "mode strict" in report["stderr"]
-    from nojit.loader import landlock
+    from nojit.loader.strict import landlock
 
     if landlock.abi_version() is not None:  # the real startup path runs under the exec allow-list
         assert "exec allow-list on (Landlock ABI" in report["stderr"], report["stderr"][-3000:]
@@ -181,7 +181,7 @@ def state():
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
     c = current()
     utils = sys.modules.get("vllm.tilelang_utils")
-    return {"pid": os.getpid(), "kernels": None if c is None else sorted(c.triton),
+    return {"pid": os.getpid(), "kernels": None if c is None else sorted(c.servers("triton")),
             "tilelang_routed": bool(getattr(utils, "__nojit__", False)),  # mHC kernels get servers at decoration
             "registry_hooked": getattr(JitWarmupRegistry.warmup, "__nojit__", False)}
 

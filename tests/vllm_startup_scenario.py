@@ -193,7 +193,7 @@ def trace_served(inst) -> set:
     served: set = set()
     if inst is None:
         return served
-    for kid, server in inst.triton.items():
+    for kid, server in inst.servers("triton").items():
         run = server.fn.run
 
         def counted_run(*a, _run=run, _kid=kid, **kw):
@@ -203,7 +203,7 @@ def trace_served(inst) -> set:
             return variant
 
         server.fn.run = counted_run
-    for kid, server in inst.tilelang.items():
+    for kid, server in inst.servers("tilelang").items():
         compile_ = server.compile
 
         def counted_compile(*a, _c=compile_, _kid=kid, **kw):

@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 
-from nojit.loader.installed_bundles import file_sha256
+from nojit.loader.bundle.installed import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = os.path.join(ROOT, "tests", "gpu", "check_cutedsl_launch.py")
@@ -112,7 +112,7 @@ def copy_reference_sources(out_dir: str) -> dict[str, str]:
 
 def bundle_entries(bundle_path: str) -> tuple[list[dict], dict[str, str]]:
     """The CuTeDSL entries (kernel, symbol, blob digest, key) and the tool versions their kernels were built with."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(bundle_path)
     rows, tools = [], {}

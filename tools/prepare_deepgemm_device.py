@@ -2,7 +2,7 @@
 
 Builds DeepGEMM entries here (DeepGEMM's own enumeration and generated source, nvcc on this box)
 for the given shapes at the given M, and copies what the device needs into the ignored folder:
-    .device/deepgemm/section.json   the bundle section (loader/deepgemm_cache.py documents it)
+    .device/deepgemm/section.json   the bundle section (loader/runtimes/deepgemm/cache.py documents it)
     .device/deepgemm/cubins/<sha256>.cubin
     .device/deepgemm/deep_gemm/     vLLM's vendored DeepGEMM package (its extension) with include/deep_gemm/
                                     (DeepGEMM hashes those headers into every cache key and reads them on

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tarfile
 
-from nojit.loader.installed_bundles import file_sha256
+from nojit.loader.bundle.installed import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -106,7 +106,7 @@ def download_tvm_ffi(dest: str, given: str | None) -> str:
 
 def check_bundle(path: str) -> dict:
     """The bundle's FlashInfer entries: built by the installed FlashInfer, modules and cubins named."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     bundle = Bundle.open(path)
     m = bundle.manifest

@@ -112,7 +112,7 @@ def build_toolchain() -> dict:
 
 
 def bundle_has_transform_kernels(path: str) -> bool:
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     ids = set(Bundle.open(path).kernel_ids())
     return {"humming.kernel.process_mxfp4:ProcessMxfp4W4A8Kernel", "humming.kernel.repack_weight:RepackWeightKernel"} <= ids

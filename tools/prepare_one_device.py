@@ -115,7 +115,7 @@ def merge_bundles(paths: list[str], out: str) -> None:
     import dataclasses
 
     from nojit.aot.bundle_writer import write_bundle
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     kernels, entries, cubins, producer = {}, [], {}, None
     for path in paths:
@@ -147,7 +147,7 @@ def deepgemm_sources(work: str, out: str) -> int:
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm.compile import deep_gemm_dir, portable_flags
     from nojit.aot.runtimes.deepgemm.enumerate import find_nvcc, recorded_flags
-    from nojit.loader.deepgemm_cache import compress_keys
+    from nojit.loader.runtimes.deepgemm.cache import compress_keys
 
     build = os.path.join(work, "build")
     with open(os.path.join(build, "keys.jsonl")) as f:
@@ -208,7 +208,7 @@ def main() -> int:
         shutil.copytree(os.path.join(ROOT, name), os.path.join(repo, name),
                         ignore=lambda d, names: {x for x in names if x.endswith(".nojit")
                                                  or x in ("__pycache__", "vllm_mhc", "deepgemm")})
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     runtimes = {r.runtime for r in Bundle.open(args.bundle).manifest.kernels.values()}
     for name, rt in ((".device-fi", "flashinfer"), (".device-cu", "cutedsl"), (".device-hg", "humming")):
@@ -220,7 +220,7 @@ def main() -> int:
                         ignore=shutil.ignore_patterns("__pycache__"))
     if args.box_times:
         shutil.copy(args.box_times, os.path.join(one, "box_compile_times.json"))
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     kernels = Bundle.open(args.bundle).manifest.kernels
     subset = {rt: {k for k, r in kernels.items() if r.runtime == rt} for rt in filter(None, args.subset.split(","))}
@@ -231,7 +231,7 @@ def main() -> int:
     else:
         deepgemm_dir(os.path.join(repo, ".device-dg"), args.jit_headers)
     section = os.path.join(ROOT, ".device", "deepgemm")
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     if os.path.isfile(os.path.join(section, "section.json")) and not any(
             r.runtime == "deepgemm" for r in Bundle.open(args.bundle).manifest.kernels.values()):

@@ -16,8 +16,8 @@ import sys
 
 
 from nojit.aot.bundle_writer import write_bundle
-from nojit.loader.bundle_file import HEADER, Bundle, _decompress
-from nojit.loader.manifest import Index, parse_section
+from nojit.loader.bundle.file import HEADER, Bundle, _decompress
+from nojit.loader.bundle.manifest import Index, parse_section
 
 
 def upgrade(src: str, dst: str) -> int:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import Runtime
 from nojit.aot.runtimes import cutedsl, deepgemm, flashinfer, humming, tilelang, triton
@@ -21,3 +24,16 @@ def runtime(name: str) -> Runtime:
         return RUNTIMES[name]
     except KeyError:
         raise BuildError(f"unknown runtime {name!r}", fix=f"use one of {', '.join(RUNTIMES)}") from None
+
+
+@contextlib.contextmanager
+def registered(rt: Runtime) -> Iterator[Runtime]:
+    """`rt` built for the scope of the with block (a runtime outside the package, e.g. a test's; the build's
+    workers must then run in this process, as `BuildOptions.executor` allows)."""
+    if rt.name in RUNTIMES:
+        raise BuildError(f"runtime {rt.name!r} is already registered", fix="give the runtime another name")
+    RUNTIMES[rt.name] = rt
+    try:
+        yield rt
+    finally:
+        del RUNTIMES[rt.name]

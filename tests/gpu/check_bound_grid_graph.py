@@ -34,9 +34,9 @@ def main() -> int:
     import torch
 
     from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
     from nojit.loader.install import install
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.bundle.triton_key import key_from_json
     from triton_harness import grid_for, synthesize
 
     smap = load_source_map(args.sources) if args.sources else None
@@ -48,7 +48,7 @@ def main() -> int:
     inst = install(args.bundle, mode="permissive", resolver=resolver, allow_mismatch=frozenset({"vllm"}),
                    kernels=set(kids))
     failures, checked, wrote = [], 0, 0
-    from nojit.loader import triton_fast
+    from nojit.loader.runtimes.triton import fast as triton_fast
 
     m = triton_fast.fast_module()
     status = triton_fast.dlpack_status()
@@ -73,7 +73,7 @@ def main() -> int:
         print("  (the DLPack read is off: the runners read the stream through torch's accessor)")
     jit_inputs = []  # (kid, fn, grid, kwargs, bufs, initial, replayed) for the JIT comparison after uninstall
     for kid in kids:
-        server = inst.triton[kid]
+        server = inst.servers("triton")[kid]
         server.prepare()
         fn = server.fn
         keys = [key_from_json(e.key) if e.decoded is None else e.decoded for e in bundle.entries(kid)

@@ -228,7 +228,7 @@ class LaunchTracer:
         from triton._utils import canonicalize_ptr_dtype
         from triton.runtime.jit import JITFunction
 
-        from nojit.loader.triton_key import ArgSpecializer, key_to_json, make_binder, options_key
+        from nojit.loader.bundle.triton_key import ArgSpecializer, key_to_json, make_binder, options_key
 
         binder = self._binders.get(id(fn))
         if binder is None:
@@ -249,7 +249,7 @@ class LaunchTracer:
 
     def _serving(self, kid: str, args: tuple, kwargs: dict) -> dict:
         """The key of this call as nojit's server computes it, and how the bundle serves it."""
-        from nojit.loader.triton_key import key_to_json
+        from nojit.loader.bundle.triton_key import key_to_json
 
         server = self.servers.get(kid)
         if server is None:
@@ -320,7 +320,7 @@ def child(args: argparse.Namespace) -> None:
     call_site_steps.INDIRECT = tracer.indirect
     installed: list[str] = []
     if args.child == "loader":
-        from nojit.loader.bundle_file import Bundle
+        from nojit.loader.bundle.file import Bundle
         from nojit.loader.install import install
 
         bundle = Bundle.open(args.bundle)
@@ -334,8 +334,8 @@ def child(args: argparse.Namespace) -> None:
         inst = install(args.bundle, mode="strict", allow_mismatch=frozenset({"vllm", "source"}), kernels=mounted)
         for line in inst.allowed_differences:
             print(f"allowed difference: {line}", file=sys.stderr, flush=True)
-        tracer.servers = dict(inst.triton)
-        installed = sorted(inst.triton)
+        tracer.servers = dict(inst.servers("triton"))
+        installed = sorted(inst.servers("triton"))
     # every kernel of every vLLM module loaded (the call sites' helpers launch kernels defined elsewhere too)
     loaded = [m for n, m in sorted(sys.modules.items()) if n.startswith("vllm.") and m is not None]
     _trace_every_kernel(tracer, [*modules, *loaded], interpret)
@@ -363,7 +363,7 @@ def child(args: argparse.Namespace) -> None:
                                "seconds": time.perf_counter() - t0, "compiles": compiles, "processes": events,
                                "installed": installed, "carried_files": sorted(set(finder.loaded))}
     if args.child == "loader":
-        from nojit.loader import guards
+        from nojit.loader.strict import guards
 
         summary["guard_attempts"] = list(guards.compile_attempts)
         summary["served"] = dict(inst.policy.summary())
@@ -456,7 +456,7 @@ def _by_ordinal(launches: list[dict]) -> dict[tuple[str, str, int], dict]:
 def planned_keys(path: str) -> dict[str, set[str]]:
     """kernel id -> canonical JSON of each exact key a plan (`nojit build --emit-plan`) declares."""
     from nojit.aot.plan import Plan
-    from nojit.loader.canonical import canonical_json
+    from nojit.loader.bundle.canonical import canonical_json
 
     out: dict[str, set[str]] = collections.defaultdict(set)
     for r in Plan.read(path).requests:
@@ -467,7 +467,7 @@ def planned_keys(path: str) -> dict[str, set[str]]:
 
 def compare(jit: dict, loader: dict | None, planned: dict[str, set[str]] | None = None) -> tuple[list[dict], bool]:
     """Per kernel: keys reached, keys whose launches wrote, launches identical, outcomes, planned. And overall ok."""
-    from nojit.loader.canonical import canonical_json
+    from nojit.loader.bundle.canonical import canonical_json
 
     per: dict[str, dict] = collections.defaultdict(lambda: {
         "launches": 0, "identical": 0, "keys": {}, "written_launches": 0, "writes": set(), "in_place": set(),

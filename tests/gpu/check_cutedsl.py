@@ -61,14 +61,14 @@ def main() -> int:
     ap.add_argument("--list-only", action="store_true")
     args = ap.parse_args()
     os.environ["CUDA_DISABLE_PTX_JIT"] = "1"
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(args.bundle)
     rows = []
     failed = 0
     launcher = None
     if not args.list_only:
-        from nojit.loader.cuda_launch import launcher as get_launcher
+        from nojit.loader.launch.cuda_launch import launcher as get_launcher
 
         launcher = get_launcher()
     for e in b.manifest.entries:

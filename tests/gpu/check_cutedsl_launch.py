@@ -122,7 +122,7 @@ def unpack_runtime(d: str, manifest: dict, work: str) -> str:
 def link_and_load(d: str, manifest: dict, work: str) -> tuple[list[dict], dict[str, Any]]:
     """Each CuTeDSL entry: object read through nojit's reader (it checks the sha256), linked, loaded."""
     import tvm_ffi
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     bundle_path = os.path.join(d, manifest["bundle"]["file"])
     with open(bundle_path, "rb") as f:

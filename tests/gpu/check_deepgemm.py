@@ -44,7 +44,7 @@ MS = [1, 31, 32, 64, 513, 4096, 8192]
 
 def _import_loader(name: str):
     """The tree's module (the code under test; the wheel in .whl may be older), the wheel's if absent."""
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "loader", f"{name}.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "loader", *name.split(".")[:-1], f"{name.split('.')[-1]}.py")
     if not os.path.exists(path):
         return __import__(f"nojit.loader.{name}", fromlist=["*"])
     spec = importlib.util.spec_from_file_location(f"nojit.loader.{name}", path)
@@ -71,8 +71,8 @@ def main() -> int:
 
     with open(os.path.join(args.dir, "section.json")) as f:
         section = json.load(f)
-    cache = _import_loader("deepgemm_cache")
-    popen = _import_loader("deepgemm_popen")
+    cache = _import_loader("runtimes.deepgemm.cache")
+    popen = _import_loader("runtimes.deepgemm.popen")
 
     def read_blob(sha: str) -> bytes:
         with open(os.path.join(args.dir, "cubins", sha + ".cubin"), "rb") as f:

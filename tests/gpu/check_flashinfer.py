@@ -54,7 +54,7 @@ def main() -> int:
     ap.add_argument("bundle")
     ap.add_argument("--json")
     args = ap.parse_args()
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     bundle = Bundle.open(args.bundle)
     m = bundle.manifest

@@ -6,7 +6,7 @@ process guard preloaded (tests/gpu/device_run.sh, step flashinfer-launch, does a
     LD_PRELOAD=libnojit_exec_guard.so python3 tests/gpu/check_flashinfer_launch.py --dir .device-fi --json OUT
 
 How the modules are reached: nojit's loader installs the bundle in strict mode as a server does (seeds FlashInfer's
-jit-cache provider directory and TensorRT-LLM DeepGEMM's cache from the bundle, loader/flashinfer_serving.py);
+jit-cache provider directory and TensorRT-LLM DeepGEMM's cache from the bundle, loader/runtimes/flashinfer/serving.py);
 FlashInfer's own entry points then run, as vLLM 0.33.0 calls them, and load the modules through FlashInfer's own
 AOT lookup (jit/env.py get_aot_artifacts) and loader (jit/core.py JitSpec.try_load -> tvm_ffi.load_module).
   * sampling (vllm/v1/sample/ops/topk_topp_sampler.py:631-670 `flashinfer_sample`, per-request k int32 and p float32
@@ -432,8 +432,9 @@ def main() -> int:
         pass
     result["counts_at_start"] = counts(guard)
 
-    from nojit.loader import flashinfer_serving, guards
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
+    from nojit.loader.strict import guards
+    from nojit.loader.bundle.file import Bundle
     from nojit.loader.install import install
 
     bundle_path = os.path.join(args.dir, "flashinfer.nojit")
@@ -446,7 +447,7 @@ def main() -> int:
     t0 = time.perf_counter()
     # as a server: strict, the bundle's FlashInfer entries; this machine has no vLLM (the bundle names 0.33.0)
     inst = install(bundle_path=bundle_path, mode="strict", allow_mismatch=frozenset({"vllm"}), kernels=set(ids))
-    serving = inst.flashinfer
+    serving = inst.state("flashinfer")
     result["install_ms"] = round(1000 * (time.perf_counter() - t0), 1)
     if serving is None:
         result["error"] = "nojit found no FlashInfer here (flashinfer-python's dist-info is not on the path)"

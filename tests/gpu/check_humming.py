@@ -113,7 +113,7 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--list-only", action="store_true", help="no GPU: read the cubins' constants only")
     opts = ap.parse_args()
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     bundle = Bundle.open(opts.bundle)
     entries = list(humming_entries(bundle))
@@ -134,7 +134,7 @@ def main() -> int:
                      if ev in ("subprocess.Popen", "os.exec", "os.posix_spawn", "os.system") else None)
     import torch
 
-    from nojit.loader.cuda_launch import launcher
+    from nojit.loader.launch.cuda_launch import launcher
 
     dev = torch.cuda.current_device()
     torch.manual_seed(0)

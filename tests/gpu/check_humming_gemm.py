@@ -3,7 +3,7 @@
 Humming is carried in `.device-hg/` (tools/prepare_humming_device.py: the installed humming-kernels package, its
 dependency wheels, the bundle, and the arguments of vLLM's first-forward calls into Humming for the deployment).
 This process is a serving process in nojit's strict mode: `nojit.loader.install` seeds Humming's cache from the
-bundle (loader/humming_serving.py) and guards Humming's compile step; every arrival at the compile step is counted
+bundle (loader/runtimes/humming/serving.py) and guards Humming's compile step; every arrival at the compile step is counted
 here, and every process start is recorded by an audit hook. Both must stay at 0.
 
 Per GEMM (w13: N=1024 K=4096, w2: N=4096 K=512; 256 experts, MXFP4 weights x block-FP8 activations, indexed
@@ -168,7 +168,7 @@ def count_compiles() -> list[str]:
 
 
 def compile_step_guarded() -> bool:
-    """Whether nojit's strict guard (loader/guards.py) sits on Humming's compile step (before count_compiles)."""
+    """Whether nojit's strict guard (loader/strict/guards.py) sits on Humming's compile step (before count_compiles)."""
     import humming.jit.compiler as compilers
 
     return all("_guard_humming" in cls.__dict__["_compile"].__func__.__qualname__
@@ -181,7 +181,7 @@ def install_strict(root: str):
     inst = install(bundle_path=os.path.join(root, "humming.nojit"), mode="strict")
     import humming.jit.runtime  # noqa: F401  (nojit seeds the cache as this finishes loading)
 
-    if inst.humming is None:
+    if inst.state("humming") is None:
         raise RuntimeError("nojit did not serve Humming (humming-kernels not found by importlib.metadata?)")
     if not compile_step_guarded():
         raise RuntimeError("no strict-mode guard on Humming's compile step")
@@ -343,7 +343,7 @@ def device_main(opts, report: dict) -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     inst, compiles = install_strict(opts.dir)
-    serving = inst.humming
+    serving = inst.state("humming")
     _imports_done()
     report["seeded_from_bundle"] = len(serving.seeded)
     with open(os.path.join(opts.dir, "humming_calls.json")) as f:
@@ -397,7 +397,7 @@ def dry_main(opts, report: dict) -> None:
     standin.install("NVIDIA H200", (9, 0), 132)
     inst, compiles = install_strict(opts.dir)
     _imports_done()
-    report["seeded_from_bundle"] = len(inst.humming.seeded)
+    report["seeded_from_bundle"] = len(inst.state("humming").seeded)
     from humming.kernel.humming import HummingKernel
     from humming.kernel.process_mxfp4 import ProcessMxfp4W4A8Kernel
     from humming.kernel.repack_weight import RepackWeightKernel
@@ -408,7 +408,7 @@ def dry_main(opts, report: dict) -> None:
         self.kernel_id = len(registered)
 
     HummingKernel.register_kernel = register
-    transform = [e.key for e in inst.humming.entries.values()
+    transform = [e.key for e in inst.state("humming").entries.values()
                  if e.key["class"].endswith((":ProcessMxfp4W4A8Kernel", ":RepackWeightKernel"))]
     if not transform:
         report["failures"].append("the bundle holds no weight-transform kernels (rebuild it with `nojit build`)")
@@ -432,11 +432,11 @@ def dry_main(opts, report: dict) -> None:
                 report["cases"].append({"op": op, "tokens": t, "m": m, "interval": i,
                                         "block_shape": table[i][2]["block_shape"] if i is not None else None,
                                         "kernel_file_seeded": bool(kid) and registered[int(kid[0]) - 1]
-                                        in inst.humming.seeded})
+                                        in inst.state("humming").seeded})
     report["registered"] = len(registered)
     report["compiles"] = list(compiles)
-    report["bundle_hits"] = inst.humming.hits
-    report["misses"] = list(inst.humming.misses)
+    report["bundle_hits"] = inst.state("humming").hits
+    report["misses"] = list(inst.state("humming").misses)
     # the reference's MXFP4 decoding: codes 0..15 in the low nibble (element 2i: Humming views the bytes as int32
     # and unpacks 4-bit element i from bits 4i, little-endian), scale 2^(127-127)
     import torch

@@ -338,10 +338,10 @@ def run_cases(g, opts, role: str, report: dict) -> None:
 def bundle_child(g, opts, report: dict) -> None:
     inst, compiles = g.install_strict(opts.dir)
     g._imports_done()
-    report["seeded_from_bundle"] = len(inst.humming.seeded)
+    report["seeded_from_bundle"] = len(inst.state("humming").seeded)
     run_cases(g, opts, "bundle", report)
     report["compiles"] = list(compiles)
-    report["bundle_hits"], report["misses"] = inst.humming.hits, list(inst.humming.misses)
+    report["bundle_hits"], report["misses"] = inst.state("humming").hits, list(inst.state("humming").misses)
 
 
 def _choose_nvrtc(opts, report: dict) -> str:
@@ -434,7 +434,7 @@ def child_main(opts) -> int:
 # ------------------------------------------------------------------------------------------------ parent
 def bundle_blobs(bundle_path: str) -> dict[str, tuple[str, bytes]]:
     """The bundle's Humming entries by the digest of their rendered source: (blob digest, cubin)."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(bundle_path)
     out = {}

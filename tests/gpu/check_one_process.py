@@ -18,7 +18,7 @@ One process (role `one`), in this order, each stage timed (wall ms, host RSS and
     (tests/gpu/vllm_mount.py) and the call-site modules imported, so that install() finds vLLM's kernels;
   * install: `nojit.loader.install.install()` once, strict, the one bundle: Triton, TileLang, FlashInfer, Humming
     through install() itself; DeepGEMM from the same bundle's section through DeepGEMM's own cache lookup
-    (loader/deepgemm_cache.py seed + the popen firewall, as check_deepgemm.py: vLLM's `vllm.utils.deep_gemm` wrapper is
+    (loader/runtimes/deepgemm/cache.py seed + the popen firewall, as check_deepgemm.py: vLLM's `vllm.utils.deep_gemm` wrapper is
     not on the device; for a bundle without DeepGEMM, the section in .device-dg/section, said in the output);
     CuTeDSL's objects of the same bundle through CuTeDSL's C runtime (its MLIR library, which
     `cute.runtime.load_module` needs, is not carried: the objects were linked by the harness before this process);
@@ -147,7 +147,7 @@ def bundle_without(src: str, dst: str, drop_runtimes: frozenset[str] = frozenset
     (sorted by kernel and key; the negative control). Returns a description of what was dropped. Nothing is
     recompiled: the writer of `nojit build` lays out the same records and blobs."""
     from nojit.aot.bundle_writer import write_bundle
-    from nojit.loader.bundle_file import Bundle, canonical_json
+    from nojit.loader.bundle.file import Bundle, canonical_json
 
     b = Bundle.open(src)
     m = b.manifest
@@ -171,7 +171,7 @@ def plan_preflight(bundle: Any, plan_path: str, runtimes: set[str]) -> dict[str,
     """Every exact key the plan declares for a runtime of this bundle must be one of its entries. Raises one
     PreflightError listing every key that is not (loader/vllm_registry.py's message); returns declared keys per
     runtime."""
-    from nojit.loader.bundle_file import canonical_json
+    from nojit.loader.bundle.file import canonical_json
     from nojit.loader.errors import PreflightError
     from nojit.loader.vllm_registry import Unserved, _preflight_message
 
@@ -220,7 +220,7 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
     """Mount, install once, preflight, preload (the negative control runs the same start on its bundle)."""
     import torch
 
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     s = Start(args, ledger)
     records = Bundle.open(args.bundle).manifest.kernels
@@ -256,7 +256,7 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
     section_dir = os.path.join(args.deepgemm_dir, "section")
     if "deepgemm" not in s.present and os.path.isfile(os.path.join(section_dir, "section.json")):
         # a bundle built without DeepGEMM: its entries from tools/prepare_deepgemm_device.py's section (the same
-        # format, loader/deepgemm_cache.py), said in the table: not one bundle for this runtime
+        # format, loader/runtimes/deepgemm/cache.py), said in the table: not one bundle for this runtime
         s.present.add("deepgemm")
         s.notes["deepgemm"] = f"entries from {section_dir} (prepare_deepgemm_device.py), not from the bundle"
     if "deepgemm" in s.present:
@@ -277,18 +277,18 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
             continue  # not in the bundle: nothing of the bundle to check its keys against
         with ledger.measure(rt, "preflight") as m:
             declared = plan_preflight(bundle, args.plan, {rt})
-            servers = {"triton": s.inst.triton, "tilelang": s.inst.tilelang}.get(rt, {})
+            servers = {"triton": s.inst.servers("triton"), "tilelang": s.inst.servers("tilelang")}.get(rt, {})
             for server in servers.values():
                 server.prepare()
             m.loaded = f"{declared.get(rt, 0)} keys"
     # preload
     dev = torch.cuda.current_device()
     with ledger.measure("triton", "preload") as m:
-        m.loaded = f"{sum(sv.preload(dev) for sv in s.inst.triton.values())} modules"
+        m.loaded = f"{sum(sv.preload(dev) for sv in s.inst.servers('triton').values())} modules"
     if "tilelang" in s.present:
         import check_tilelang as ctl
 
-        from nojit.loader.tilelang_serving import TileLangKernelServer
+        from nojit.loader.runtimes.tilelang.serving import TileLangKernelServer
 
         with ledger.measure("tilelang", "preload") as m:
             mhc = importlib.import_module(ctl.MHC)  # its decorators make the servers (tilelang_serving)
@@ -314,15 +314,15 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
             import check_humming_gemm as hg
 
             hg._imports_done()
-            m.loaded = f"import, {len(s.inst.humming.seeded)} seeded (cubins load at first launch)"
+            m.loaded = f"import, {len(s.inst.state('humming').seeded)} seeded (cubins load at first launch)"
     return s
 
 
 def _install_deepgemm(s: Start, records: dict, section_dir: str | None) -> None:
     """DeepGEMM's entries of the bundle seeded as its cache, its compiler firewalled (check_deepgemm.py's way)."""
-    from nojit.loader import deepgemm_cache as cache
-    from nojit.loader import deepgemm_popen as popen
-    from nojit.loader import firewall as compiler_firewall
+    from nojit.loader.runtimes.deepgemm import cache
+    from nojit.loader.runtimes.deepgemm import popen
+    from nojit.loader.strict import firewall as compiler_firewall
 
     bundle = s.inst.bundle
     if section_dir is None:
@@ -433,10 +433,10 @@ def triton_graph_steps(s: Start, limit: int = 6) -> list[tuple[str, Callable[[],
     """Bound-grid launches of the first exact key of a few served kernels (check_bound_grid_graph.py's inputs)."""
     from triton_harness import grid_for, synthesize
 
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.bundle.triton_key import key_from_json
 
     steps = []
-    for kid, server in sorted(s.inst.triton.items()):
+    for kid, server in sorted(s.inst.servers("triton").items()):
         if len(steps) >= limit:
             break
         keys = [key_from_json(e.key) if e.decoded is None else e.decoded for e in s.inst.bundle.entries(kid)
@@ -481,7 +481,7 @@ def part_tilelang(s: Start) -> Part:
     p.detail = f"{len(report['entries'])} entries, sizes {sizes}, cubins loaded {report.get('modules_loaded')}"
     mhc = importlib.import_module(ctl.MHC)
     ref = ctl.Float64Reference(importlib.import_module(ctl.TORCH_REF))
-    from nojit.loader.tilelang_key import key_from_json, key_names
+    from nojit.loader.bundle.tilelang_key import key_from_json, key_names
 
     seen = set()
     for e in s.inst.bundle.manifest.entries:
@@ -516,7 +516,7 @@ def part_deepgemm(s: Start) -> Part:
     if not rows:
         with open(os.path.join(s.args.deepgemm_dir, "rows.json")) as f:
             rows = json.load(f)
-    from nojit.loader import deepgemm_cache as cache
+    from nojit.loader.runtimes.deepgemm import cache
 
     ops = {"fp8_gemm_nt": cdg._gemm_case, "fp8_einsum": cdg._einsum_case, "tf32_hc_prenorm_gemm": cdg._hc_case,
            "fp8_fp4_mqa_logits": cdg._mqa_logits_case, "fp8_fp4_paged_mqa_logits": cdg._paged_mqa_logits_case,
@@ -579,7 +579,7 @@ def part_flashinfer(s: Start) -> Part:
     p.cases, p.passed = len(cases), sum(bool(c["ok"]) for c in cases)
     p.failures += [f"{c['case']}: {json.dumps({k: v for k, v in c.items() if k != 'case'}, default=str)[:200]}"
                    for c in cases if not c["ok"]]
-    from nojit.loader import flashinfer_serving
+    from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
 
     builds = list(flashinfer_serving.current().builds)
     if builds:
@@ -820,7 +820,7 @@ def role_one(args: argparse.Namespace) -> int:
         graph = graph_check(parts)
     except Exception as exc:  # noqa: BLE001
         graph = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "steps": [], "runtimes": []}
-    from nojit.loader import guards
+    from nojit.loader.strict import guards
 
     end = {"c_processes": int(guard.nojit_guard_processes()), "nvrtc": int(guard.nojit_guard_nvrtc()),
            "python_processes": len(_python_processes)}
@@ -908,7 +908,7 @@ def role_negative(args: argparse.Namespace) -> int:
     try:
         start(args, ledger)
     except PreflightError as exc:
-        from nojit.loader import guards
+        from nojit.loader.strict import guards
 
         text = str(exc)
         named = args.expect and args.expect.split(" ", 1)[0] in text and args.expect.split(" ", 1)[1][:60] in text
@@ -932,7 +932,7 @@ def role_cutedsl_link(args: argparse.Namespace) -> int:
     CuTeDSL's C runtime (check_cutedsl_launch.link_and_load, on the one bundle), recorded for the process."""
     import check_cutedsl_launch as cu
 
-    from nojit.loader.installed_bundles import file_sha256
+    from nojit.loader.bundle.installed import file_sha256
 
     manifest = cu.load_manifest(args.cutedsl_dir)
     manifest["bundle"] = {"file": os.path.abspath(args.bundle), "sha256": file_sha256(os.path.abspath(args.bundle))}
@@ -1009,7 +1009,7 @@ def role_deepgemm_jit(args: argparse.Namespace) -> int:
 def role_deepgemm_build(args: argparse.Namespace) -> int:
     """The harness's build step before the serving process: DeepGEMM's generated kernels (tools/prepare_one_device.py
     --deepgemm-work: DeepGEMM's own kernel.cu and nvcc flags per entry, as nojit's DeepGEMM build records them)
-    compiled with this machine's nvcc, written as the section loader/deepgemm_cache.py seeds (section.json, cubins/).
+    compiled with this machine's nvcc, written as the section loader/runtimes/deepgemm/cache.py seeds (section.json, cubins/).
     The same command line as aot/runtimes/deepgemm/compile.py, with the carried package's include folder."""
     import hashlib
     import shutil

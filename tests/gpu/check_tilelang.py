@@ -523,7 +523,7 @@ def case_plan(kernel: str, key: dict[str, Any], sizes: tuple[int, ...], mhc: Any
 
 def plan_mismatches(launch: Any, case: Case) -> list[str]:
     """Tensor dtypes/shapes the entry's launch plan expects vs what the case passes."""
-    from nojit.loader.launch_expr import evaluate
+    from nojit.loader.bundle.launch_expr import evaluate
 
     errors = []
     for tp in launch.tensor_params:
@@ -545,7 +545,7 @@ class LaunchCapture:
         self.c_calls = 0  # launches the C path made (its packed bytes decoded), the rest took the Python path
 
     def install(self, servers: dict[str, Any]) -> None:
-        from nojit.loader import tilelang_serving
+        from nojit.loader.runtimes.tilelang import serving as tilelang_serving
 
         tilelang_serving.current_device = lambda: 0
         tilelang_serving.current_stream = lambda device: 0
@@ -561,7 +561,7 @@ class LaunchCapture:
         Python path's launches are; a declined call (1) takes the Python path."""
         import struct
 
-        from nojit.loader.triton_fast import fast_module
+        from nojit.loader.runtimes.triton.fast import fast_module
 
         pack = fast_module().tl_pack
         plan = variant.launch
@@ -594,7 +594,7 @@ class LaunchCapture:
 
 def expected_launch(variant: Any, case: Case) -> dict[str, Any]:
     """The launch the entry's plan prescribes for the case's tensors (by parameter name, aliasing included)."""
-    from nojit.loader.launch_expr import evaluate
+    from nojit.loader.bundle.launch_expr import evaluate
 
     plan = variant.launch
     args = [case.named[p["name"]].data_ptr() if p["kind"] == "tensor" else case.values[p["name"]] for p in plan.params]
@@ -668,7 +668,7 @@ def run_owner(case: Case, mhc: Any, capture: LaunchCapture | None) -> str:
 
 def short_keys(entries: list[Any]) -> dict[int, str]:
     """Per entry, the key arguments whose values differ among its kernel's entries (e.g. n_splits=8)."""
-    from nojit.loader.tilelang_key import key_from_json, key_names
+    from nojit.loader.bundle.tilelang_key import key_from_json, key_names
 
     by_kernel: dict[str, list[Any]] = {}
     for e in entries:
@@ -684,14 +684,14 @@ def short_keys(entries: list[Any]) -> dict[int, str]:
 
 def check_bundle(bundle_path: str, vllm_src: str, sizes: tuple[int, ...], seed: int, kernels: str | None,
                  dry_run: bool, audit: ProcessAudit, blocker: TileLangBlocker) -> dict[str, Any]:
-    from nojit.loader import guards
+    from nojit.loader.strict import guards
     from nojit.loader.install import install
-    from nojit.loader.tilelang_key import key_from_json, key_names
-    from nojit.loader.tilelang_serving import TileLangKernelServer
+    from nojit.loader.bundle.tilelang_key import key_from_json, key_names
+    from nojit.loader.runtimes.tilelang.serving import TileLangKernelServer
 
     device = "cpu" if dry_run else "cuda"
     audit.phase = "serving"
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     tilelang_ids = {k for k, r in Bundle.open(bundle_path).manifest.kernels.items() if r.runtime == "tilelang"}
     # a merged bundle (device_run.sh `wheel`) also holds Triton kernels, checked by check_triton.py

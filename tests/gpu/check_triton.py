@@ -46,8 +46,8 @@ def _resolver(sources: str | None):
 def _entries(bundle_path: str, kernel: str, variant: str, plan: str | None):
     """(index, key, entry) to launch: the bundle's exact keys (from --plan's exact keys if given), or
     for `perturbed` each distinct generic form of them (no alignment or divisibility, no ints equal to 1)."""
-    from nojit.loader.bundle_file import Bundle
-    from nojit.loader.triton_key import generic_spec, key_from_json, runtime_params
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.bundle.triton_key import generic_spec, key_from_json, runtime_params
 
     b = Bundle.open(bundle_path)
     rec = b.manifest.kernels[kernel]
@@ -82,7 +82,7 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
     import torch
     import triton
 
-    from nojit.loader.triton_key import key_text
+    from nojit.loader.bundle.triton_key import key_text
     from triton_harness import (
         fingerprint,
         grid_for,
@@ -106,12 +106,12 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
     bundle, entries = _entries(bundle_path, kernel, variant, plan)
     results = {}
     if role == "loader":
-        from nojit.loader import guards
+        from nojit.loader.strict import guards
         from nojit.loader.install import install
 
         inst = install(bundle_path, mode=mode, resolver=resolve, allow_mismatch=frozenset({"vllm"}),
                        kernels={kernel}, record_file=record_file)
-        server = inst.triton[kernel]
+        server = inst.servers("triton")[kernel]
         server.all_exact = dict(server.exact)  # kept for timing exact against generic
         if variant in ("generic", "misaligned"):
             server.exact.clear()  # every call must now be served by the kernel's universal entries
@@ -121,7 +121,7 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
         row: dict = {"key": key_text(key)}
         if role == "loader":
             bound, spec, options = server._binder(**{**kwargs, "debug": False, "instrumentation_mode": ""})
-            from nojit.loader.triton_key import layout_spec, options_key
+            from nojit.loader.bundle.triton_key import layout_spec, options_key
 
             row["key_matches"] = (spec, options_key(options)) == key
             okey = server.options_key(options)
@@ -168,7 +168,7 @@ def child(role: str, bundle_path: str, kernel: str, sources: str | None, seed: i
     if role == "loader":
         summary["guard_attempts"] = list(guards.compile_attempts)
         summary["served"] = {k: v for k, v in inst.policy.summary().items()}
-        summary["loads"] = __import__("nojit.loader.cuda_launch", fromlist=["launcher"]).launcher().loads
+        summary["loads"] = __import__("nojit.loader.launch.cuda_launch", fromlist=["launcher"]).launcher().loads
     with open(out, "w") as f:
         json.dump(summary, f)
 
@@ -243,7 +243,7 @@ def main() -> int:
         child(args.child, args.bundle, args.kernel, args.sources, args.seed, args.variant, args.out, args.mode,
               args.record_file, args.plan, args.time)
         return 0
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     bundle = Bundle.open(args.bundle)
     kernels = [k for k, r in sorted(bundle.manifest.kernels.items())

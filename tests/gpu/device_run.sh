@@ -183,7 +183,7 @@ PY
           $W/wheelhouse/*.whl ) 2>&1 | tail -4 || rc=1
       PATH=$NOCC PYTHONPATH=$W/serve python3 - $W/installed_bundle_path <<'PY' || rc=1
 import shutil, sys
-from nojit.loader.installed_bundles import verified_installed_bundle
+from nojit.loader.bundle.installed import verified_installed_bundle
 import nojit.loader.install
 assert not any(shutil.which(c) for c in ("gcc", "cc", "c++", "nvcc", "ptxas")), "a compiler is on the PATH"
 b = verified_installed_bundle()

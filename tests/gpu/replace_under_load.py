@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 
 
 def _keys(bundle_path: str, per_kernel: int, only: str | None) -> dict[str, list]:
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(bundle_path)
     out = {}
@@ -63,7 +63,7 @@ def child_jit(a: argparse.Namespace) -> dict:
 
     from check_triton import _resolver
     from nojit.loader.resolve import jit_function_of
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.bundle.triton_key import key_from_json
     from triton_harness import fingerprint, grid_for, synthesize
 
     torch.cuda.set_device(a.rank % torch.cuda.device_count())  # the same GPUs the servers will use
@@ -90,7 +90,7 @@ def child_server(a: argparse.Namespace) -> dict:
     from check_triton import _resolver
     from nojit.loader.resolve import jit_function_of
     from nojit.loader.install import install
-    from nojit.loader.triton_key import key_from_json
+    from nojit.loader.bundle.triton_key import key_from_json
     from triton_harness import fingerprint, grid_for, synthesize
 
     os.environ["CUDA_DISABLE_PTX_JIT"] = "1"
@@ -125,7 +125,7 @@ def child_server(a: argparse.Namespace) -> dict:
                     if len(bad) < 10:
                         bad.append(f"{kid}#{i}")
         passes += 1
-    from nojit.loader.cuda_launch import launcher
+    from nojit.loader.launch.cuda_launch import launcher
 
     return {"device": a.rank % ngpu, "launches": launches, "passes": passes, "mismatches": mismatches,
             "nondeterministic_skipped": skipped, "bad": bad, "served": inst.policy.summary(),
@@ -134,7 +134,7 @@ def child_server(a: argparse.Namespace) -> dict:
 
 def child_reader(a: argparse.Namespace) -> dict:
     """Even ranks: one open bundle, every cubin read again and again. Odd ranks: reopen the path each time."""
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     seen: dict[str, int] = {}
     reads = opens = 0

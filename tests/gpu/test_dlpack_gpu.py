@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nojit.loader import triton_fast
+from nojit.loader.runtimes.triton import fast as triton_fast
 
 pytestmark = pytest.mark.gpu
 

@@ -50,7 +50,8 @@ try:  # a real sm_90 cubin, made before strict mode (the nvidia-cuda-nvrtc wheel
 except (ImportError, IndexError, OSError):
     pass
 
-from nojit.loader import guards, inprocess_guard
+from nojit.loader.strict import guards
+from nojit.loader.strict import inprocess_guard
 from nojit.loader.errors import CompileForbiddenError
 
 cuda = None

@@ -44,7 +44,7 @@ def report(tmp_path_factory):
     bundle = os.environ.get("NOJIT_TEST_BUNDLE")
     if not bundle:
         pytest.skip("set NOJIT_TEST_BUNDLE to a bundle with TileLang kernels")
-    from nojit.loader.bundle_file import Bundle
+    from nojit.loader.bundle.file import Bundle
 
     if not any(k.runtime == "tilelang" for k in Bundle.open(bundle).manifest.kernels.values()):
         pytest.skip(f"{bundle} has no TileLang kernels")

@@ -18,7 +18,7 @@ import json, os, sys
 import torch, triton
 import triton.language as tl
 if sys.argv[1] == "answered":
-    from nojit.loader.triton_driver import answer_from_torch
+    from nojit.loader.runtimes.triton.driver import answer_from_torch
     answered = answer_from_torch()
 
 @triton.jit

@@ -126,7 +126,7 @@ def _int_of_class(name: str, ty: str, attr: Any, rng: random.Random, row: int = 
 
 def synthesize(fn: Any, key: Any, seed: int, device: str = "cuda") -> tuple[dict[str, Any], list[torch.Tensor], set[str]]:
     """kwargs selecting `key`, the backing buffers (in parameter order), and the output names."""
-    from nojit.loader.key_values import untag as constexpr_value
+    from nojit.loader.bundle.key_values import untag as constexpr_value
 
     spec, options = key
     rng = random.Random(seed)

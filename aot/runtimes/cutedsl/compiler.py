@@ -20,8 +20,8 @@ from typing import Any
 
 from nojit.aot.errors import BuildError
 from nojit.aot.target import TARGET
-from nojit.loader.canonical import canonical_json
-from nojit.loader.cutedsl_key import cache_slot, key_from_json
+from nojit.loader.bundle.canonical import canonical_json
+from nojit.loader.bundle.cutedsl_key import cache_slot, key_from_json
 
 ARCH_VAR = "CUTE_DSL_ARCH"
 

@@ -29,11 +29,11 @@ from nojit.aot.runtimes.cutedsl import compiler
 from nojit.aot.runtimes.cutedsl.compiler import compile_and_export, key_class, set_arch
 from nojit.aot.target import TARGET
 from nojit.aot.vllm_env import import_kernel_module
-from nojit.loader.cutedsl_key import key_to_json, source_hash
+from nojit.loader.bundle.cutedsl_key import key_to_json, source_hash
 from nojit.loader.errors import BundleMismatchError, NoJitError
-from nojit.loader import cutedsl_key
+from nojit.loader.bundle import cutedsl_key
 from nojit.loader.resolve import resolve_object
-from nojit.loader.manifest import CuteLaunch
+from nojit.loader.bundle.manifest import CuteLaunch
 from nojit.loader.settings import TOOL_FACTS
 
 NAME = "cutedsl"

@@ -2,7 +2,7 @@
 
 `build_deepgemm_section(deployment, work)` enumerates with DeepGEMM's own code for the given M
 and compiles the chosen entries through the same compile cache as `nojit build` (compile.py). It
-returns (section, cubins, stats): the section loader/deepgemm_cache.py documents and the cubins by
+returns (section, cubins, stats): the section loader/runtimes/deepgemm/cache.py documents and the cubins by
 sha256. `only` limits which entries are compiled; every key is still enumerated and listed, and
 the keys whose entry was not compiled are returned in `section["not_compiled"]`.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.compile import compile_entry, deep_gemm_dir, portable_flags
 from nojit.aot.runtimes.deepgemm.enumerate import enumerate_keys
-from nojit.loader.deepgemm_cache import compress_keys
+from nojit.loader.runtimes.deepgemm.cache import compress_keys
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "nojit")
 

@@ -124,7 +124,7 @@ RECORDED_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 def recorded_op(key: dict) -> dict:
-    """A key recorded by NOJIT_MODE=record ({"op", "n", "k", "m"}, loader/deepgemm_serving.py call_key) as one
+    """A key recorded by NOJIT_MODE=record ({"op", "n", "k", "m"}, loader/runtimes/deepgemm/serving.py call_key) as one
     op row of the worker's spec."""
     op = key.get("op")
     if op not in RECORDED_FIELDS:

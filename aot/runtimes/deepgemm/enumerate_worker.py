@@ -24,15 +24,15 @@ def main() -> None:
         from nojit.loader.install import install  # the lookup check: the loader's own install(), strict mode
 
         inst = install(spec["install"], mode="strict")
-        firewall = inst.deepgemm.firewall
+        firewall = inst.state("deepgemm").firewall
         with open(spec["out"] + ".install.json", "w") as f:
-            json.dump({"cache_dir": inst.deepgemm.cache_dir, "DG_JIT_NVCC_COMPILER": os.environ["DG_JIT_NVCC_COMPILER"],
+            json.dump({"cache_dir": inst.state("deepgemm").cache_dir, "DG_JIT_NVCC_COMPILER": os.environ["DG_JIT_NVCC_COMPILER"],
                        "DG_JIT_CACHE_DIR": os.environ["DG_JIT_CACHE_DIR"], "PATH": os.environ["PATH"]}, f)
     import vllm.third_party.deep_gemm as dg
 
     if spec.get("firewall"):  # serve from a seeded cache, probe answered in process
-        from nojit.loader.deepgemm_popen import PopenFirewall
-        from nojit.loader.deepgemm_serving import extension_path
+        from nojit.loader.runtimes.deepgemm.popen import PopenFirewall
+        from nojit.loader.runtimes.deepgemm.serving import extension_path
 
         firewall = PopenFirewall(nvcc=spec["firewall"]["nvcc"], version_text=spec["firewall"]["version_text"])
         firewall.install(extension_path(dg))

@@ -21,7 +21,7 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.enumerate import build_stand_ins, find_nvcc
 from nojit.aot.runtimes.deepgemm.planner import kernel_id
 from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
-from nojit.loader.deepgemm_cache import find_key, seed
+from nojit.loader.runtimes.deepgemm.cache import find_key, seed
 
 
 def processes_between_markers(trace: str) -> list[str] | None:
@@ -46,8 +46,8 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
     every call loads the entry the bundle maps it to from the seeded cache, nothing is refused, the
     probe was answered, DG_JIT_NVCC_COMPILER is the firewall's stand-in, and no process started
     between the worker's begin and end markers."""
-    from nojit.loader.bundle_file import Bundle
-    from nojit.loader.deepgemm_cache import section_of
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.runtimes.deepgemm.cache import section_of
 
     bundle = Bundle.open(bundle_path)
     ids = [k for k, rec in bundle.manifest.kernels.items() if rec.runtime == "deepgemm"]

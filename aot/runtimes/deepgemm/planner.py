@@ -11,7 +11,7 @@ is planned as it was recorded and resolved to its entry in the worker (one enume
 Kernel ids are vLLM's entry points (`vllm.utils.deep_gemm:<op>`), the functions the loader wraps.
 Compiled entries go through the build's compile cache (cache_inputs), so a rebuild starts no worker
 and no nvcc for an entry it compiled before.
-Their source digest is DeepGEMM's version plus its `include/deep_gemm` headers (loader/deepgemm_cache.py
+Their source digest is DeepGEMM's version plus its `include/deep_gemm` headers (loader/runtimes/deepgemm/cache.py
 headers_digest): DeepGEMM hashes those headers into every entry name, so other headers find nothing.
 """
 
@@ -38,9 +38,9 @@ from nojit.aot.runtimes.deepgemm.compile import compile_entry, deep_gemm_dir, po
 from nojit.aot.runtimes.deepgemm.enumerate import enumerate_ops, find_nvcc, recorded_op
 from nojit.aot.runtimes.deepgemm.shapes import GemmShape, op_row
 from nojit.aot.target import TARGET
-from nojit.loader.deepgemm_cache import compress_keys, headers_digest
-from nojit.loader.manifest import DeepGemmLaunch
-from nojit.loader.versions import installed_version
+from nojit.loader.runtimes.deepgemm.cache import compress_keys, headers_digest
+from nojit.loader.bundle.manifest import DeepGemmLaunch
+from nojit.loader.bundle.versions import installed_version
 
 NAME = "deepgemm"
 GROUP = "deepgemm"  # the --groups name that selects DeepGEMM's entries

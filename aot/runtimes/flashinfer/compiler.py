@@ -37,7 +37,7 @@ from typing import Any
 
 from nojit.aot.errors import BuildError
 from nojit.aot.runtimes.flashinfer.specs import cuda_architecture, flashinfer_target, make_spec, spec_digest
-from nojit.loader.toolchain import find_tool
+from nojit.loader.strict.toolchain import find_tool
 
 
 def build_root(cache_dir: str, arch: str) -> str:

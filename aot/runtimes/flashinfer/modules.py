@@ -4,7 +4,7 @@ Read from vLLM 0.33.0 and FlashInfer 0.7.2.post1 (paths under site-packages). Ea
 FlashInfer function that makes the module's JitSpec (the same function vLLM's call site reaches, so
 the module name, sources and flags are FlashInfer's own), what vLLM uses it for, the vLLM switch that
 avoids it, and when the deployment reaches it. A module FlashInfer would build for a call the table
-does not list is refused in strict mode, naming the module (loader/flashinfer_serving.py).
+does not list is refused in strict mode, naming the module (loader/runtimes/flashinfer/serving.py).
 """
 
 from __future__ import annotations

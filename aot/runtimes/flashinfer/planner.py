@@ -26,8 +26,8 @@ from nojit.aot.runtimes.flashinfer.compiler import build_root, compile_module, n
 from nojit.aot.runtimes.flashinfer.modules import reached_modules
 from nojit.aot.runtimes.flashinfer.specs import cuda_architecture, flashinfer_target, make_spec, spec_digest
 from nojit.aot.target import TARGET
-from nojit.loader.records.flashinfer import FlashInferLaunch
-from nojit.loader.toolchain import find_tool
+from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
+from nojit.loader.strict.toolchain import find_tool
 
 NAME = "flashinfer"
 

@@ -24,7 +24,7 @@ import tempfile
 from typing import Any
 
 from nojit.aot.errors import BuildError
-from nojit.loader.toolchain import find_tool
+from nojit.loader.strict.toolchain import find_tool
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trtllm_deepgemm")
 COMMON_SOURCES = ("envUtils.cpp", "logger.cpp", "stringUtils.cpp", "tllmException.cpp")  # fp8_blockscale.py:28-31

@@ -36,7 +36,7 @@ from nojit.aot.errors import BuildError
 from nojit.aot.runtimes.humming import standin
 from nojit.aot.runtimes.humming.tables import MoeExperts
 from nojit.aot.vllm_env import import_kernel_module
-from nojit.loader.humming_serving import kernel_key
+from nojit.loader.runtimes.humming.serving import kernel_key
 
 @dataclass(frozen=True)
 class KernelSpec:

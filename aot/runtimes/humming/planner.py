@@ -6,7 +6,7 @@ CUDA source and compiles it with its own compiler (`NVRTCCompiler`: the `nvrtc_c
 nvidia-cuda-nvrtc wheel's libnvrtc; no GPU needed), post-processes the cubin (its `patch_cubin`) and
 writes it to its own cache (under the build's cache directory, so a rebuild finds it there). Only the
 registration with Humming's launcher (a GPU call) is left out. The bundle keeps, per key, the cubin and
-what Humming's cache key is made of besides the machine (loader/humming_cache.py): compiler class, code,
+what Humming's cache key is made of besides the machine (loader/runtimes/humming/cache.py): compiler class, code,
 kernel expression, sm version, fast-math and post-processing flags.
 
 Humming's own cache is safe for parallel workers (a file lock per key, the cubin renamed into place) but
@@ -33,8 +33,8 @@ from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.aot.runtimes.humming import standin
 from nojit.aot.runtimes.humming.enumerate import enumerate_kernels
 from nojit.aot.target import TARGET
-from nojit.loader import humming_cache
-from nojit.loader.records.humming import HummingLaunch
+from nojit.loader.runtimes.humming import cache as humming_cache
+from nojit.loader.bundle.records.humming import HummingLaunch
 
 NAME = "humming"
 
@@ -85,7 +85,7 @@ def nvrtc_library_dir() -> str | None:
 def _tools() -> dict[str, Any]:
     from humming.jit.runtime import KernelRuntime
 
-    from nojit.loader import humming_cache
+    from nojit.loader.runtimes.humming import cache as humming_cache
 
     compiler = KernelRuntime._get_compiler()
     return {"humming_version": _humming_version(), "compiler": compiler.__name__,

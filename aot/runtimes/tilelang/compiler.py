@@ -39,7 +39,7 @@ from typing import Any
 from nojit.aot.runtimes.tilelang.enumeration import TileLangCall, kernel_module, resolve
 from nojit.aot.errors import BuildError
 from nojit.aot.target import TARGET
-from nojit.loader.manifest import TileLangLaunch
+from nojit.loader.bundle.manifest import TileLangLaunch
 from nojit.loader.settings import scope
 
 TILELANG_TARGET: dict[str, str] = {"kind": TARGET.backend, "arch": TARGET.arch}

@@ -22,9 +22,9 @@ from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.aot.runtimes.tilelang import compiler
 from nojit.aot.runtimes.tilelang.compiler import compile_variant
 from nojit.aot.runtimes.tilelang.enumeration import Register, TileLangCall, enumerate_mhc_variants, kernel_module, resolve
-from nojit.loader.manifest import TileLangLaunch
-from nojit.loader.tilelang_key import key_to_json, source_hash
-from nojit.loader.versions import installed_version
+from nojit.loader.bundle.manifest import TileLangLaunch
+from nojit.loader.bundle.tilelang_key import key_to_json, source_hash
+from nojit.loader.bundle.versions import installed_version
 
 NAME = "tilelang"
 

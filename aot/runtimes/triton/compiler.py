@@ -7,7 +7,7 @@ driver. The result carries everything the loader's launcher needs, and the param
 layout is checked against the PTX prototype the compiler itself emitted.
 
 Generic entries are compiled from a spec whose 'D' marks are layout hints
-only (see `layout_spec` in nojit.loader.triton_key): Triton chooses its layouts with them,
+only (see `layout_spec` in nojit.loader.bundle.triton_key): Triton chooses its layouts with them,
 as the JIT does for a call with that divisibility, and they are then removed from the
 kernel's signature before lowering, so the code assumes no alignment or divisibility.
 Same layouts mean each thread holds the same elements and reduces them in the same order,
@@ -22,9 +22,9 @@ from typing import Any
 
 from nojit.aot.errors import BuildError
 from nojit.aot.target import TARGET
-from nojit.loader.manifest import TRITON_TYPE_CODES, TritonLaunch
-from nojit.loader.key_values import untag
-from nojit.loader.triton_key import Key, from_triton_specialization, options_key, with_implicit_options
+from nojit.loader.bundle.manifest import TRITON_TYPE_CODES, TritonLaunch
+from nojit.loader.bundle.key_values import untag
+from nojit.loader.bundle.triton_key import Key, from_triton_specialization, options_key, with_implicit_options
 
 
 _TYPE_CODES = TRITON_TYPE_CODES  # one table: the manifest's schema checks launches against the same codes

@@ -26,7 +26,7 @@ from nojit.aot.runtimes.triton.sources import resolve_kernel
 from nojit.aot.vllm_env import import_kernel_module
 from nojit.loader.errors import BundleMismatchError, NoJitError
 from nojit.loader.resolve import jit_function_of, resolve_object
-from nojit.loader.triton_key import Key, UnsupportedArgument
+from nojit.loader.bundle.triton_key import Key, UnsupportedArgument
 
 
 def kernel_id(fn: Any) -> str:

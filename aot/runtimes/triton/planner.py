@@ -29,9 +29,9 @@ from nojit.aot.runtimes.triton.enumeration import (
 from nojit.aot.runtimes.triton.rows import TritonTables
 from nojit.aot.runtimes.triton.sources import load_source_map, resolve_kernel
 from nojit.loader.resolve import jit_function_of
-from nojit.loader.manifest import TritonLaunch
-from nojit.loader.versions import installed_version
-from nojit.loader.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params
+from nojit.loader.bundle.manifest import TritonLaunch
+from nojit.loader.bundle.versions import installed_version
+from nojit.loader.bundle.triton_key import generic_spec, key_from_json, key_to_json, layout_spec, runtime_params
 
 NAME = "triton"
 GENERIC_ORIGIN = "fallback"  # the stored origin of generic entries: renaming it would change every bundle's bytes
@@ -128,7 +128,7 @@ def _compile_env() -> dict[str, str]:
 
 @functools.cache
 def _compiler_code() -> str:
-    from nojit.loader import triton_key
+    from nojit.loader.bundle import triton_key
 
     return ",".join(file_sha256(m.__file__) for m in (compiler_module, triton_key))
 

@@ -3,7 +3,7 @@
 Triton's own DependenciesFinder walks each function (subclassed here only to note, for every name and
 attribute path it reads, the value it found); the record holds per function its source digest, starting
 line and those (path, fingerprint) pairs, for the kernel and every @triton.jit function it reaches.
-nojit.loader.source_parts reads it at first launch. A kernel whose walk meets something the fingerprints do
+nojit.loader.runtimes.triton.source_parts reads it at first launch. A kernel whose walk meets something the fingerprints do
 not cover (an aggregate, a tuple's attribute, a dependency cycle, one constexpr name in two modules) gets
 no record: the loader then asks Triton's cache_key, as before.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from nojit.loader.source_parts import (
+from nojit.loader.runtimes.triton.source_parts import (
     PARTS_VERSION,
     fingerprint,
     resolve,

@@ -1,0 +1,1 @@
+"""Launching cubins: the CUDA launcher binding and torch's CUDA accessors."""

@@ -1,0 +1,101 @@
+"""Triton's driver questions answered from torch, so deriving keys never builds `cuda_utils`.
+
+Creating Triton's real CUDA driver compiles its host module `cuda_utils` from driver.c with
+gcc unless Triton's cache already holds it (triton/backends/nvidia/driver.py: `CudaDriver()`
+-> `CudaUtils()` -> `compile_module_from_file`). vLLM's warmup registry creates it just to
+derive keys: `_triton_key_deriver` asks `driver.active.get_current_device()` and
+`kernel.device_caches[device]`, whose `create_binder` asks `get_current_target()`
+(vllm/model_executor/warmup/jit_warmup_triton_helper.py; triton/runtime/jit.py). With an
+empty TRITON_CACHE_DIR in strict mode that build is refused and the start fails.
+
+Those are the only questions a nojit-served process asks Triton's driver: bundled kernels
+launch through nojit's own C launcher, never through Triton's. So nojit answers them from
+torch (which has the CUDA runtime loaded anyway) and creates Triton's real driver only when
+something asks for more (a kernel Triton itself launches, a benchmark): in permissive mode
+that is the JIT doing its job; in strict mode it is refused with the firewall's message.
+
+Chosen over shipping a prebuilt `cuda_utils` in the bundle because nothing then depends on
+the serving machine's Python ABI, libcuda path or Triton's cache layout, the bundle carries no
+host code, and the answer is the one Triton's own driver gives (`GPUDriver.__init__` takes
+`torch.cuda.current_device`; `get_current_target` is capability major*10+minor, warp 32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TorchAnsweredDriver:
+    """Stands as `triton.runtime.driver.active`: device, stream and target from torch; the rest
+    from Triton's real driver, created on first use."""
+
+    def __init__(self, real: Any) -> None:
+        self._real_config = real  # triton.runtime.driver (the DriverConfig): creates the real driver lazily
+
+    # --- answered here (what key derivation and nojit-served launches ask) ---
+    def is_active(self) -> bool:
+        return True
+
+    def get_current_device(self) -> int:
+        from nojit.loader.launch.torch_cuda import current_device
+
+        return current_device()
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        from nojit.loader.launch.torch_cuda import current_device, current_stream
+
+        return current_stream(current_device() if device is None else device)
+
+    def get_device_capability(self, device: int | None = None) -> tuple[int, int]:
+        from nojit.loader.launch.torch_cuda import current_device, device_capability
+
+        return device_capability(current_device() if device is None else device)
+
+    def set_current_device(self, device: int) -> None:
+        import torch
+
+        torch.cuda.set_device(device)
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        major, minor = self.get_device_capability()
+        return GPUTarget("cuda", major * 10 + minor, 32)
+
+    def get_active_torch_device(self) -> Any:
+        import torch
+
+        return torch.device("cuda", self.get_current_device())
+
+    def get_device_interface(self) -> Any:
+        import torch
+
+        return torch.cuda
+
+    # --- everything else: Triton's own driver (built now; strict mode refuses a cold build) ---
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real_config.default, name)
+
+    @property
+    def real_driver_created(self) -> bool:
+        return self._real_config._default is not None
+
+
+def answer_from_torch() -> TorchAnsweredDriver | None:
+    """Make Triton's `driver.active` the torch-answered driver, unless Triton's real driver is
+    already active (then nothing is built by asking it again). Returns the driver set, or None."""
+    from triton.runtime import driver
+
+    if driver._active is not None:
+        return driver._active if isinstance(driver._active, TorchAnsweredDriver) else None
+    answered = TorchAnsweredDriver(driver)
+    driver.set_active(answered)
+    return answered
+
+
+def restore() -> None:
+    """Give Triton back its own driver (uninstall, tests)."""
+    from triton.runtime import driver
+
+    if isinstance(driver._active, TorchAnsweredDriver):
+        driver._active = None

@@ -1,0 +1,1 @@
+"""Strict mode: the compiler firewall, the in-process guards and the recorded toolchain."""
