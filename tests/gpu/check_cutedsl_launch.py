@@ -436,7 +436,9 @@ def _indexer_q_torch(positions: Any, q: Any, cos_sin: Any, weights: Any, scale: 
     even, odd = x[..., nope::2], x[..., nope + 1::2]
     roped = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
     y = torch.cat([x[..., :nope], roped.to(torch.bfloat16).float()], dim=-1)
-    s = torch.exp2(torch.ceil(torch.log2(y.abs().amax(-1).clamp_min(1e-4) / 448.0)))
+    # exp2 on the CPU: torch JIT-compiles CUDA exp2 with NVRTC (its jiterator), refused by strict mode in the one
+    # process (H200, session 7); 2^integer is exact on either side
+    s = torch.exp2(torch.ceil(torch.log2(y.abs().amax(-1).clamp_min(1e-4) / 448.0)).cpu()).to(y.device)
     return (y / s[..., None]).to(torch.float8_e4m3fn), weights.float() * s * scale
 
 

@@ -62,7 +62,9 @@ def dequant_mxfp4(w_bytes, s_bytes):
     lo = lut[(w_bytes & 0xF).long()]
     hi = lut[(w_bytes >> 4).long()]
     w = torch.stack((lo, hi), dim=-1).flatten(-2)
-    scale = torch.exp2(s_bytes.double() - 127.0).repeat_interleave(32, dim=-1)
+    # exp2 on the CPU: torch JIT-compiles CUDA exp2 with NVRTC (its jiterator), which strict mode refuses in this
+    # process (H200, session 7); 2^integer is exact on either side
+    scale = torch.exp2(s_bytes.double().cpu() - 127.0).to(w_bytes.device).repeat_interleave(32, dim=-1)
     return w * scale
 
 

@@ -33,22 +33,9 @@ PTX = b""".version 8.0
 """ + b"\0"
 out = {}
 cubin = None
-try:  # a real sm_90 cubin, made before strict mode (the nvidia-cuda-nvrtc wheel, if installed)
-    import nvidia.cu13 as wheel_root
-    lib_dir = os.path.join(list(wheel_root.__path__)[0], "lib")
-    ctypes.CDLL(sorted(glob.glob(os.path.join(lib_dir, "libnvrtc-builtins.so.*")))[0])
-    nvrtc = ctypes.CDLL(sorted(glob.glob(os.path.join(lib_dir, "libnvrtc.so.*")))[0])
-    prog = ctypes.c_void_p()
-    nvrtc.nvrtcCreateProgram(ctypes.byref(prog), b'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }',
-                             b"k.cu", 0, None, None)
-    if nvrtc.nvrtcCompileProgram(prog, 1, (ctypes.c_char_p * 1)(b"--gpu-architecture=sm_90")) == 0:
-        size = ctypes.c_size_t()
-        nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
-        buf = ctypes.create_string_buffer(size.value)
-        nvrtc.nvrtcGetCUBIN(prog, buf)
-        cubin = buf.raw
-except (ImportError, IndexError, OSError):
-    pass
+if os.environ.get("NOJIT_TEST_CUBIN") and os.path.exists(os.environ["NOJIT_TEST_CUBIN"]):
+    with open(os.environ["NOJIT_TEST_CUBIN"], "rb") as f:  # made by CUBIN_SCRIPT in its own process
+        cubin = f.read()
 
 from nojit.loader.strict import guards
 from nojit.loader.strict import inprocess_guard
@@ -108,12 +95,42 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+# A real sm_90 cubin (the nvidia-cuda-nvrtc wheel, if installed), made in its own process: NVRTC 13 loads libcuda.so.1
+# when it compiles, and on the H200 the strict side then found CUDA initialized and the driver's PTX JIT on.
+CUBIN_SCRIPT = r'''
+import ctypes, glob, os, sys
+try:
+    import nvidia.cu13 as wheel_root
+    lib_dir = os.path.join(list(wheel_root.__path__)[0], "lib")
+    ctypes.CDLL(sorted(glob.glob(os.path.join(lib_dir, "libnvrtc-builtins.so.*")))[0])
+    nvrtc = ctypes.CDLL(sorted(glob.glob(os.path.join(lib_dir, "libnvrtc.so.*")))[0])
+except (ImportError, IndexError, OSError):
+    sys.exit(0)
+prog = ctypes.c_void_p()
+nvrtc.nvrtcCreateProgram(ctypes.byref(prog), b'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }',
+                         b"k.cu", 0, None, None)
+if nvrtc.nvrtcCompileProgram(prog, 1, (ctypes.c_char_p * 1)(b"--gpu-architecture=sm_90")) == 0:
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetCUBIN(prog, buf)
+    with open(sys.argv[1], "wb") as f:
+        f.write(buf.raw)
+'''
+
+
 def run(tmp_path, mode: str) -> tuple[dict, list[dict]]:
     script = tmp_path / "ptx_load.py"
     script.write_text(SCRIPT)
     log = tmp_path / f"events-{mode}.jsonl"
     env = {**os.environ, "NOJIT_EVENT_LOG": str(log)}
     env.pop("CUDA_DISABLE_PTX_JIT", None)
+    cubin = tmp_path / "k.cubin"
+    if not cubin.exists():
+        maker = tmp_path / "make_cubin.py"
+        maker.write_text(CUBIN_SCRIPT)
+        subprocess.run([sys.executable, str(maker), str(cubin)], capture_output=True, timeout=300, env=env)
+    env["NOJIT_TEST_CUBIN"] = str(cubin)
     p = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=600, env=env)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert line, p.stderr[-3000:]
