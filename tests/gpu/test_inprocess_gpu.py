@@ -4,8 +4,9 @@ Each side runs in a fresh process (the driver reads CUDA_DISABLE_PTX_JIT once, a
 - `off`: no strict mode. A hand-written sm_90 PTX module loads with cuModuleLoadData (ctypes libcuda and
   cuda.bindings.driver), and the driver's linker takes the same PTX (cuLinkAddData_v2) and links a cubin:
   the control, so the strict side can fail.
-- `strict`: strict mode's guards up before cuInit. The same PTX load fails through ctypes (the driver's own
-  answer: its PTX JIT is off) and raises CompileForbiddenError through cuda.bindings; the linker entry of the
+- `strict`: strict mode's guards up before cuInit. The same PTX load raises CompileForbiddenError through
+  cuda.bindings; through ctypes it still loads on the H200 (CUDA_DISABLE_PTX_JIT does not cover a raw PTX image:
+  a known hole, the xfail test below); the linker entry of the
   real libcuda answers CUDA_ERROR_JIT_COMPILATION_DISABLED from nojit's stub with an event line; a cubin
   (made by NVRTC before strict mode, when the nvidia-cuda-nvrtc wheel is there) still loads.
 - `late`: CUDA initialized before strict mode. The report says the PTX JIT stays on in this process; the
