@@ -248,24 +248,17 @@ def folder_problem(path: str) -> str | None:
 
 
 def _seed_folders(index: Any) -> list[tuple[str, str, str]]:
-    """(runtime, folder, setting) for every runtime whose kernels install() writes to disk for its library.
-    The defaults are those of the serving modules (deepgemm_cache.cache_root, flashinfer_serving._root_for,
-    humming_serving._cache_dir); the digest folder below each is made at install."""
-    from nojit.loader.strict.firewall import runtime_dir
+    """(runtime, folder, setting) for every runtime whose kernels install() writes to disk for its library: the
+    serving modules' own defaults (one place for each), the digest folder below each made at install."""
+    from nojit.loader.runtimes.deepgemm import cache as deepgemm_cache
+    from nojit.loader.runtimes.flashinfer import serving as flashinfer_serving
+    from nojit.loader.runtimes.humming import serving as humming_serving
 
     runtimes = {k.runtime for k in index.kernels.values()}
-    tmp, uid = tempfile.gettempdir(), os.getuid()
-    out = []
-    if "deepgemm" in runtimes:
-        out.append(("deepgemm", os.environ.get("NOJIT_DEEPGEMM_DIR") or os.path.join(runtime_dir(), "deepgemm"),
-                    "NOJIT_DEEPGEMM_DIR"))
-    if "flashinfer" in runtimes:
-        out.append(("flashinfer", os.environ.get("NOJIT_FLASHINFER_DIR") or os.path.join(tmp, f"nojit-flashinfer-{uid}"),
-                    "NOJIT_FLASHINFER_DIR"))
-    if "humming" in runtimes:
-        out.append(("humming", os.environ.get("NOJIT_HUMMING_DIR") or os.path.join(tmp, f"nojit-humming-{uid}"),
-                    "NOJIT_HUMMING_DIR"))
-    return out
+    seeded = (("deepgemm", deepgemm_cache.default_base, "NOJIT_DEEPGEMM_DIR"),
+              ("flashinfer", flashinfer_serving.default_base, "NOJIT_FLASHINFER_DIR"),
+              ("humming", humming_serving.default_base, "NOJIT_HUMMING_DIR"))
+    return [(rt, base(), setting) for rt, base, setting in seeded if rt in runtimes]
 
 
 def check_seed_folders(index: Any) -> list[Finding]:

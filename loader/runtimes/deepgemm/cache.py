@@ -36,13 +36,18 @@ def section_digest(section: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(section, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def cache_root(section: dict[str, Any], base: str | None = None) -> str:
-    if not base and not os.environ.get("NOJIT_DEEPGEMM_DIR"):
-        from nojit.loader.strict.firewall import runtime_dir  # this user's 0700 folder: nobody else can add entries
+def default_base() -> str:
+    """NOJIT_DEEPGEMM_DIR, else <runtime dir>/deepgemm (this user's 0700 folder: nobody else can add entries)."""
+    base = os.environ.get("NOJIT_DEEPGEMM_DIR")
+    if not base:
+        from nojit.loader.strict.firewall import runtime_dir
 
         base = os.path.join(runtime_dir(), "deepgemm")
-    base = base or os.environ["NOJIT_DEEPGEMM_DIR"]
-    return os.path.join(os.path.abspath(base), section_digest(section))
+    return os.path.abspath(base)
+
+
+def cache_root(section: dict[str, Any], base: str | None = None) -> str:
+    return os.path.join(os.path.abspath(base) if base else default_base(), section_digest(section))
 
 
 def _write_once(folder: PrivateDir, name: str, data: bytes, mode: int) -> None:

@@ -122,14 +122,19 @@ def installed_version() -> str | None:
         return None
 
 
-def _cache_dir(entries: dict[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps(sorted(e.blob for e in entries.values())).encode()).hexdigest()[:16]
+def default_base() -> str:
+    """NOJIT_HUMMING_DIR, else <runtime dir>/humming: a folder only this user can write (private_dir)."""
     base = os.environ.get("NOJIT_HUMMING_DIR")
     if not base:
         from nojit.loader.strict.firewall import runtime_dir
 
         base = os.path.join(runtime_dir(), "humming")
-    return os.path.join(os.path.abspath(base), digest)
+    return os.path.abspath(base)
+
+
+def _cache_dir(entries: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(sorted(e.blob for e in entries.values())).encode()).hexdigest()[:16]
+    return os.path.join(default_base(), digest)
 
 
 def _private_folders(cache_dir: str) -> str:
