@@ -22,6 +22,7 @@ import test_tilelang_fast as tlf
 from test_fastpath import _runner_for, bound_of, variant_for
 from test_triton_key_parity import DTYPES, call_args, specializer, tensor, theirs
 from triton_test_kernels import every_kind
+from nojit.loader.launch import fast_module as launch_fast
 from nojit.loader.runtimes.triton import fast as triton_fast
 from nojit.loader.runtimes.triton.fast import TritonFastPath, fast_module
 
@@ -223,11 +224,11 @@ def test_setup_falls_back_when_the_api_is_unusable(monkeypatch):
         with pytest.raises(RuntimeError):
             m.dlpack_enable(True)
         monkeypatch.setenv("NOJIT_DLPACK", "0")
-        assert triton_fast._setup_dlpack(m, torch) == "off: disabled"
+        assert launch_fast._setup_dlpack(m, torch) == "off: disabled"
         assert m.dlpack_read(torch.zeros(4)) is None
     finally:
         monkeypatch.delenv("NOJIT_DLPACK", raising=False)
-        m.dlpack_status = triton_fast._setup_dlpack(m, torch)
+        m.dlpack_status = launch_fast._setup_dlpack(m, torch)
     assert m.dlpack_status.startswith("on 1.")
     assert m.dlpack_read(torch.zeros(4))[0] is not None
 
