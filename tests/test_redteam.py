@@ -78,8 +78,9 @@ def _make(w: pathlib.Path) -> pathlib.Path:
     purelib = subprocess.run([str(w / "venv" / "bin" / "python"), "-c", "import sysconfig; "
                               "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
                              check=True).stdout.strip()
-    with open(os.path.join(purelib, "parent.pth"), "w") as f:  # this environment's packages (cffi, zstandard)
-        f.write("\n".join(site.getsitepackages()) + "\n")
+    with open(os.path.join(purelib, "parent.pth"), "w") as f:  # this environment's packages (cffi, zstandard, and
+        # nojit itself: addsitedir runs their .pth files too, so an editable install's finder is there as well)
+        f.write("".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from bundle_bytes import seal
     from test_schema_rules import valid
