@@ -19,6 +19,17 @@ from nojit.loader.errors import BundleMismatchError
 from nojit.loader.packages import dist_info_dir, package_dirs
 
 
+def _dotted_parts(module_name: object, packages: tuple[str, ...], refuse: Exception) -> list[str]:
+    """The parts of a dotted module name under one of `packages`, or `refuse` raised (not a str, another root,
+    a part that is no identifier)."""
+    if not isinstance(module_name, str):
+        raise refuse
+    parts = module_name.split(".")
+    if parts[0] not in packages or not all(p.isidentifier() for p in parts):
+        raise refuse
+    return parts
+
+
 def check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]) -> None:
     """Refuse unless `module_name` and every package above it are installed files of one of `packages` (lines of
     its RECORD). Each package on the way is checked before anything imports it (finding a module imports its
@@ -29,12 +40,8 @@ def check_importable(kernel_id: str, module_name: str, packages: tuple[str, ...]
         "nojit imports nothing else a bundle names",
         fix="the bundle is not from this vLLM (or was edited): rebuild it with `nojit build`",
     )
-    if not isinstance(module_name, str):
-        raise refuse
-    parts = module_name.split(".")
+    parts = _dotted_parts(module_name, packages, refuse)
     root = parts[0]
-    if root not in packages or not all(p.isidentifier() for p in parts):
-        raise refuse
     for depth in range(1, len(parts) + 1):
         name = ".".join(parts[:depth])
         found = _checked_modules.get(name)
@@ -52,12 +59,8 @@ def module_file(what: str, module_name: str, packages: tuple[str, ...]) -> str:
         f"{what}: {str(module_name)[:200]} is not a module of the installed {' or '.join(packages) or '(no package)'}",
         fix="the bundle is not from this vLLM (or was edited): rebuild it with `nojit build`",
     )
-    if not isinstance(module_name, str):
-        raise refuse
-    parts = module_name.split(".")
+    parts = _dotted_parts(module_name, packages, refuse)
     root = parts[0]
-    if root not in packages or not all(p.isidentifier() for p in parts):
-        raise refuse
     loaded = sys.modules.get(module_name)
     if loaded is not None:
         origin = getattr(loaded, "__file__", None)
