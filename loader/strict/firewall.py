@@ -334,7 +334,7 @@ def _build(toolchain: dict, log: str) -> tuple[str, tuple[str, ...], tuple[str, 
         os.makedirs(os.path.join(tmp, "nvvm"))
         os.symlink(os.path.join(shared, "bin"), os.path.join(tmp, "bin"))
         os.symlink(os.path.join(shared, "nvvm-bin"), os.path.join(tmp, "nvvm", "bin"))
-        os.symlink(os.path.join(shared, "nojit-stand-in"), os.path.join(tmp, "nojit-stand-in"))
+        os.symlink(os.path.join(shared, STAND_IN), os.path.join(tmp, STAND_IN))
         _mirror(real, tmp)
         with open(os.path.join(tmp, _MARK), "w") as f:
             f.write(digest + "\n")
@@ -369,6 +369,13 @@ def _toolkit_complete(fw: str, digest: str) -> bool:
 
 
 _COMPLETE = ".complete"
+STAND_IN = "nojit-stand-in"  # the one script every compiler name of the firewall links to
+
+
+def is_stand_in(path: str) -> bool:
+    """Whether `path` (a tool a library was pointed at, e.g. DG_JIT_NVCC_COMPILER) resolves to the firewall's stand-in
+    script, whatever folder or name it is reached through."""
+    return os.path.basename(os.path.realpath(path)) == STAND_IN and os.path.isfile(path)
 
 
 def _stand_ins(names: tuple[str, ...], toolchain: dict, log: str) -> tuple[str, tuple[str, ...]]:
@@ -391,11 +398,11 @@ def _stand_ins(names: tuple[str, ...], toolchain: dict, log: str) -> tuple[str, 
         try:
             os.makedirs(os.path.join(tmp, "bin"))
             os.makedirs(os.path.join(tmp, "nvvm-bin"))
-            path = os.path.join(tmp, "nojit-stand-in")
+            path = os.path.join(tmp, STAND_IN)
             with open(path, "w") as f:
                 f.write(script)
             os.chmod(path, 0o755)
-            target = os.path.join(shared, "nojit-stand-in")  # where it will be once renamed
+            target = os.path.join(shared, STAND_IN)  # where it will be once renamed
             for name in names:
                 os.symlink(target, os.path.join(tmp, "bin", name))
             os.symlink(target, os.path.join(tmp, "nvvm-bin", "cicc"))
@@ -424,7 +431,7 @@ def _stand_ins_complete(shared: str, names: tuple[str, ...], script: str) -> boo
             return False
         if not os.path.islink(os.path.join(shared, "nvvm-bin", "cicc")):
             return False
-        with open(os.path.join(shared, "nojit-stand-in")) as f:
+        with open(os.path.join(shared, STAND_IN)) as f:
             return f.read() == script
     except OSError:
         return False

@@ -48,6 +48,7 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
     between the worker's begin and end markers."""
     from nojit.loader.bundle.file import Bundle
     from nojit.loader.runtimes.deepgemm.cache import section_of
+    from nojit.loader.strict.firewall import is_stand_in
 
     bundle = Bundle.open(bundle_path)
     ids = [k for k, rec in bundle.manifest.kernels.items() if rec.runtime == "deepgemm"]
@@ -76,7 +77,7 @@ def bundle_lookup_check(d: Deployment, bundle_path: str, work: str, ms: list[int
     started, firewall = result["started"], result["firewall"]
     stand_in = installed["DG_JIT_NVCC_COMPILER"]
     return {"ok": not wrong and not firewall["refused"] and firewall["answered"] >= 1 and started is not None
-            and not started and os.path.basename(os.path.dirname(os.path.dirname(stand_in))).startswith("fw-"),
+            and not started and is_stand_in(stand_in),
             "keys": len(rows), "entries": len({r["entry"] for r in rows}), "shapes": len(ops),
             "expected_keys": sum(len(row["ms"]) for row in ops), "ops": {r["op"] for r in rows}, "wrong": wrong[:5],
             "n_wrong": len(wrong), "probe_answered": firewall["answered"], "refused": firewall["refused"][:3],
