@@ -346,3 +346,17 @@ def test_cache_inputs_cover_what_changes_an_entry() -> None:
     assert base not in changed and len(set(changed)) == len(changed)
     recorded = PlanRequest(kid, {"op": "fp8_fp4_paged_mqa_logits", "m": 2000}, "exact", "recorded:x")
     assert "extension" in cache_inputs(recorded, PlanKernel("deepgemm", "h", [], info))  # heuristics resolve it
+
+
+def test_package_setting_without_headers_is_a_typed_error(tmp_path, monkeypatch) -> None:
+    """NOJIT_DEEPGEMM_PACKAGE (compiling a plan where vLLM is not installed) must name a folder with DeepGEMM's
+    include/deep_gemm; anything else is refused naming the setting, before nvcc runs."""
+    from nojit.aot.errors import BuildError
+    from nojit.aot.runtimes.deepgemm.compile import deep_gemm_dir
+
+    monkeypatch.setenv("NOJIT_DEEPGEMM_PACKAGE", str(tmp_path))
+    with pytest.raises(BuildError, match="NOJIT_DEEPGEMM_PACKAGE=.* has no include/deep_gemm") as e:
+        deep_gemm_dir()
+    assert "vllm/third_party/deep_gemm" in e.value.fix
+    os.makedirs(tmp_path / "include" / "deep_gemm")
+    assert deep_gemm_dir() == str(tmp_path)

@@ -37,8 +37,20 @@ class CompiledEntry:
     cached: bool
 
 
+PACKAGE_SETTING = "NOJIT_DEEPGEMM_PACKAGE"
+
+
 def deep_gemm_dir() -> str:
-    """The installed vendored DeepGEMM package folder (found without importing its extension)."""
+    """The vendored DeepGEMM package folder whose include/ the compiles read: the installed one (found without
+    importing its extension), or the folder NOJIT_DEEPGEMM_PACKAGE names, so that a plan's entries (`nojit build
+    --from-plan`, whose requests carry DeepGEMM's generated source and flags) compile on a box without vLLM."""
+    given = os.environ.get(PACKAGE_SETTING)
+    if given:
+        if not os.path.isdir(os.path.join(given, "include", "deep_gemm")):
+            raise BuildError(f"{PACKAGE_SETTING}={given} has no include/deep_gemm folder",
+                             fix="point it at a copy of vLLM 0.33.0's vllm/third_party/deep_gemm with its include/ "
+                             "(deep_gemm, cute and cutlass headers)")
+        return os.path.abspath(given)
     spec = find_spec("vllm.third_party.deep_gemm")
     if spec is None or not spec.origin:
         raise BuildError("vLLM's vendored DeepGEMM (vllm.third_party.deep_gemm) is not installed",
