@@ -1058,6 +1058,25 @@ def role_deepgemm_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def role_deepgemm_same(args: argparse.Namespace) -> int:
+    """DeepGEMM's entries compiled here (`nojit build --from-plan`, this machine's nvcc) against the same entries the
+    build box compiled (--box: entry name -> sha256 of the box's cubin, from its compile cache): the same generated
+    source, flags and nvcc release must give the same bytes, so the bundle's DeepGEMM part is the box's."""
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.runtimes.deepgemm.cache import section_of
+
+    with open(args.box) as f:
+        box = json.load(f)
+    bundle = Bundle.open(args.bundle)
+    ids = [k for k, r in bundle.manifest.kernels.items() if r.runtime == "deepgemm"]
+    here = {name: e["cubin"] for name, e in section_of(bundle.manifest.kernels, bundle.entries, ids)["entries"].items()}
+    both = sorted(set(here) & set(box))
+    differ = [n for n in both if here[n] != box[n]]
+    print(f"DEEPGEMM-SAME: {len(here)} entries compiled here; {len(both)} also compiled on the build box: "
+          f"{len(both) - len(differ)} byte-identical, {len(differ)} differ {differ[:3]}")
+    return 0 if both and not differ else 1
+
+
 def role_table(args: argparse.Namespace) -> int:
     """Time to ready, nojit against the JIT for the same keys: the one process's ledger, the JIT run of the call
     sites (Triton, empty cache, this machine), DeepGEMM's JIT sample (this machine's nvcc), and the build box's
@@ -1122,7 +1141,7 @@ def role_table(args: argparse.Namespace) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--role", default="one", choices=("one", "negative", "cutedsl-link", "without", "deepgemm-jit",
-                                                             "table", "deepgemm-build"))
+                                                             "table", "deepgemm-build", "deepgemm-same"))
     ap.add_argument("--bundle", default="")
     ap.add_argument("--plan", default=os.path.join(".device", "device.plan.json"))
     ap.add_argument("--vllm-src", default=os.path.join(".device", "vllm_src"))
@@ -1139,10 +1158,11 @@ def main() -> int:
     ap.add_argument("--drop-runtime")
     ap.add_argument("--drop-entry", type=int)
     ap.add_argument("--sample", type=int, default=4)
+    ap.add_argument("--box", help="deepgemm-same: entry name -> sha256 of the build box's cubin")
     args = ap.parse_args()
     return {"one": role_one, "negative": role_negative, "cutedsl-link": role_cutedsl_link, "without": role_without,
             "deepgemm-jit": role_deepgemm_jit, "table": role_table,
-            "deepgemm-build": role_deepgemm_build}[args.role](args)
+            "deepgemm-build": role_deepgemm_build, "deepgemm-same": role_deepgemm_same}[args.role](args)
 
 
 if __name__ == "__main__":

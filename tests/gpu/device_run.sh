@@ -252,9 +252,21 @@ PY
       chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null
       # DeepGEMM's generated kernels compiled here with nojit's command line (a build step, before the process)
       [ -f .device-dg/src/sources.json ] && { python3 tests/gpu/check_one_process.py --role deepgemm-build 2>&1 | tail -3 || rc=1; }
+      MERGE=(--merge .device-one/rest.nojit)
+      if grep -q '"runtime": "deepgemm"' .device-one/preflight.plan.json && [ -d .device-dg/deep_gemm/include/cute ]; then
+        # DeepGEMM's planned entries (its own generated source and flags, enumerated on the box) compiled here by
+        # `nojit build --from-plan` with this machine's nvcc (16 jobs): the box's 2 cores take over an hour for 203
+        nvcc --version | tail -2
+        T0=$(date +%s%N)
+        NOJIT_DEEPGEMM_PACKAGE=.device-dg/deep_gemm python3 -m nojit.aot.cli build --from-plan .device-one/preflight.plan.json \
+          --kernel-sources "$MAP" --runtime deepgemm -j 16 --quiet -o $W/dg.nojit 2>&1 | tail -4 && MERGE+=(--merge $W/dg.nojit) || rc=1
+        echo "deepgemm entries compiled here from the plan in $(( ($(date +%s%N) - T0) / 1000000 )) ms"
+        [ -f .device-one/box_deepgemm.json ] && python3 tests/gpu/check_one_process.py --role deepgemm-same \
+          --bundle $W/dg.nojit --box .device-one/box_deepgemm.json 2>&1 | tail -3
+      fi
       T0=$(date +%s%N)
-      build_triton $W/one.nojit --merge .device-one/rest.nojit 2>&1 | tail -4 || rc=1
-      echo "triton entries built here from the plan and merged with .device-one/rest.nojit in $(( ($(date +%s%N) - T0) / 1000000 )) ms"
+      build_triton $W/one.nojit "${MERGE[@]}" 2>&1 | tail -4 || rc=1
+      echo "triton entries built here from the plan and merged with ${MERGE[*]} in $(( ($(date +%s%N) - T0) / 1000000 )) ms"
       python3 -m nojit.aot.cli inspect $W/one.nojit 2>&1 | head -14
       # the JIT reference of vLLM's call sites, Triton's JIT from an empty cache (also the JIT side of the table)
       T0=$(date +%s%N)
