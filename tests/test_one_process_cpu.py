@@ -67,3 +67,20 @@ def test_without_a_runtime_keeps_the_others_and_their_blobs(tmp_path):
     a, b = Bundle.open(path), Bundle.open(same)
     assert [canonical_json(e.key) for e in a.manifest.entries] == [canonical_json(e.key) for e in b.manifest.entries]
     assert all(b.read_blob(e.blob) == a.read_blob(e.blob) for e in a.manifest.entries)
+
+
+def test_flashinfer_part_reads_only_flashinfer_entries():
+    """The H200 run of session 8 failed the FlashInfer part before any call: it read every entry's launch as
+    FlashInfer's, and a Humming entry's launch has no `kind`. Only FlashInfer entries are read now."""
+    import re
+    from types import SimpleNamespace as NS
+
+    from check_one_process import flashinfer_shapes_and_modules
+
+    kernels = {"fi:gemm": NS(runtime="flashinfer"), "fi:mod": NS(runtime="flashinfer"), "hg:k": NS(runtime="humming")}
+    entries = [NS(kernel="hg:k", launch=NS(config="no kind here")),
+               NS(kernel="fi:gemm", launch=NS(kind="trtllm_deepgemm", module="gemm_swapAB_4096_512_x")),
+               NS(kernel="fi:mod", launch=NS(kind="module", module="sampling"))]
+    shapes, modules = flashinfer_shapes_and_modules(NS(kernels=kernels, entries=entries),
+                                                    re.compile(r"gemm_swapAB_(\d+)_(\d+)_"))
+    assert (shapes, modules) == ([(4096, 512)], ["sampling"])
