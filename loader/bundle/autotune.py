@@ -38,6 +38,7 @@ class TuningKey:
     values: tuple[Any, ...]
     configs: tuple[int, ...]
     winner: int | None
+    call: dict[str, Any] | None = None  # the recorded call without the config (`nojit tune` replays it)
 
     def text(self) -> str:
         return repr(self.values)
@@ -58,7 +59,8 @@ class AutotuneRecord:
     @classmethod
     def from_json(cls, obj: Any, where: str, source: str) -> AutotuneRecord:
         def bad(what: str) -> BundleCorruptError:
-            return BundleCorruptError(f"{source}: manifest field {where} {what}", fix=_REBUILD)
+            sep = "" if what.startswith(".") else " "
+            return BundleCorruptError(f"{source}: manifest field {where}{sep}{what}", fix=_REBUILD)
 
         if not isinstance(obj, dict) or set(obj) != {"configs", "keys"}:
             raise bad("is not an object of 'configs' and 'keys'")
@@ -79,8 +81,8 @@ class AutotuneRecord:
         keys, seen = [], set()
         for i, k in enumerate(raw_keys):
             at = f".keys[{i}]"
-            if not isinstance(k, dict) or not {"key", "configs"} <= set(k) <= {"key", "configs", "winner"}:
-                raise bad(f"{at} is not an object of 'key', 'configs' and an optional 'winner'")
+            if not isinstance(k, dict) or not {"key", "configs"} <= set(k) <= {"key", "configs", "winner", "call"}:
+                raise bad(f"{at} is not an object of 'key', 'configs' and optional 'winner' and 'call'")
             try:
                 values = tuning_key_from_json(k["key"])
             except (ValueError, UnsupportedArgument) as exc:
@@ -95,8 +97,46 @@ class AutotuneRecord:
             winner = k.get("winner")
             if winner is not None and (type(winner) is not int or winner not in idx):
                 raise bad(f"{at}.winner = {winner!r:.40} is not among that key's configs {idx}")
-            keys.append(TuningKey(values, tuple(idx), winner))
+            call = k.get("call")
+            if call is not None:
+                problem = _call_problem(call, idx)
+                if problem:
+                    raise bad(f"{at}.call {problem}")
+            keys.append(TuningKey(values, tuple(idx), winner, call))
         return cls(tuple(configs), tuple(configs_json), tuple(keys))
+
+
+_ARG_FIELDS = {"value", "tensor", "shape", "strides", "values", "repr"}
+
+
+def _call_problem(call: Any, configs: list[int]) -> str:
+    """What is wrong with a recorded call ('' if nothing): {"args": {name: description}, "grids": {index: [3 ints]}}."""
+    if not isinstance(call, dict) or set(call) != {"args", "grids"}:
+        return "is not an object of 'args' and 'grids'"
+    args, grids = call["args"], call["grids"]
+    if not isinstance(args, dict) or len(args) > 4096:
+        return "args is not an object of arguments"
+    for name, desc in args.items():
+        if not name.isidentifier() or not isinstance(desc, dict) or not set(desc) <= _ARG_FIELDS:
+            return f"args.{name[:40]} is not an argument description"
+        v = desc.get("value")
+        if not (v is None or type(v) in (bool, int, float, str)):
+            return f"args.{name}.value is not a plain value"
+        for field_name in ("shape", "strides", "values"):
+            seq = desc.get(field_name, [])
+            if not isinstance(seq, list) or len(seq) > (1 << 16) or not all(type(x) is int for x in seq):
+                return f"args.{name}.{field_name} is not a list of integers"
+        if "tensor" in desc and (not isinstance(desc["tensor"], str) or len(desc.get("shape", [])) != len(
+                desc.get("strides", []))):
+            return f"args.{name} is not a tensor description"
+    if not isinstance(grids, dict):
+        return "grids is not an object"
+    for i, g in grids.items():
+        if not i.isdigit() or int(i) not in configs:
+            return f"grids names config {i[:20]!r}, not one of that key's configs"
+        if not isinstance(g, list) or len(g) != 3 or not all(type(x) is int and 0 <= x < (1 << 31) for x in g):
+            return f"grids.{i} is not three grid sizes"
+    return ""
 
 
 def config_to_json(all_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +192,8 @@ def with_winners(autotune_json: dict[str, Any], winners: dict[tuple[Any, ...], i
     for k in autotune_json["keys"]:
         values = tuning_key_from_json(k["key"])
         entry = {"key": k["key"], "configs": list(k["configs"])}
+        if "call" in k:
+            entry["call"] = k["call"]
         winner = winners.get(values, k.get("winner"))
         if winner is not None:
             if winner not in entry["configs"]:

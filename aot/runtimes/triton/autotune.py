@@ -32,6 +32,7 @@ class Tuning:
     key: tuple[Any, ...]  # Triton's tuning key (Python values)
     key_json: list[Any]
     configs: tuple[dict[str, Any], ...]  # config_to_json of each pruned config, in Triton's order
+    call: dict[str, Any] | None = None  # the call without the config (`nojit tune` replays it): args, grids
 
 
 def _stand_in_bench(kernel_call: Any, quantiles: Any = None, **_: Any) -> list[float]:
@@ -54,6 +55,7 @@ def recording_autotuners(calls: list[tuple[Any, tuple, dict]]) -> Iterator[dict[
     """Replace Autotuner.run while enumerating; yields {index into `calls`: Tuning} for the calls made inside
     an autotuner (the recorder of JITFunction.run appends to `calls`)."""
     from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
 
     tuned: dict[int, Tuning] = {}
     original = Autotuner.run
@@ -68,10 +70,19 @@ def recording_autotuners(calls: list[tuple[Any, tuple, dict]]) -> Iterator[dict[
         self.cache, self.cache_results = {}, False
         self.__dict__["do_bench"] = _stand_in_bench  # shadows the cached_property for this object
         self.prune_configs = lambda kw: pruned.append(list(own_prune(kw))) or pruned[-1]
+        grids: list[Any] = []
+        recorder = JITFunction.run
+
+        def with_grid(fn: Any, *a: Any, grid: Any, warmup: bool, **kw: Any) -> Any:
+            grids.append(_concrete_grid(fn, grid, a, kw))
+            return recorder(fn, *a, grid=grid, warmup=warmup, **kw)
+
+        JITFunction.run = with_grid
         try:
             result = original(self, *args, **kwargs)
             keys = list(self.cache)
         finally:
+            JITFunction.run = recorder
             self.__dict__.pop("prune_configs", None)
             self.cache, self.cache_results = saved[0], saved[1]
             if saved[3]:
@@ -87,7 +98,8 @@ def recording_autotuners(calls: list[tuple[Any, tuple, dict]]) -> Iterator[dict[
         except UnsupportedArgument as exc:
             raise BuildError(f"autotuned kernel {_name(self)}: tuning key {keys[0]!r:.200} cannot be bundled: {exc}",
                              fix="this kernel cannot be bundled yet; leave it out") from None
-        tuning = Tuning(_name(self), keys[0], key_json, configs)
+        call = _call_sample(inner_jit(self), calls[start:], grids, pruned[0]) if len(calls) > start else None
+        tuning = Tuning(_name(self), keys[0], key_json, configs, call)
         for i in range(start, len(calls)):
             tuned[i] = tuning
         return result
@@ -97,6 +109,58 @@ def recording_autotuners(calls: list[tuple[Any, tuple, dict]]) -> Iterator[dict[
         yield tuned
     finally:
         Autotuner.run = original
+
+
+MAX_SAMPLE_VALUES = 4096  # integer tensors up to this size keep their values (cu_seqlens, chunk indices)
+
+
+def _concrete_grid(fn: Any, grid: Any, args: tuple, kwargs: dict) -> list[int] | None:
+    """The grid Triton would launch (`grid(bound_args)` when callable), as three ints; None if not computable."""
+    import inspect
+
+    try:
+        if callable(grid):
+            sig = inspect.signature(fn.fn)
+            bound = sig.bind(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+            bound.apply_defaults()
+            grid = grid(dict(bound.arguments))
+        dims = [int(g) for g in grid]
+    except Exception:
+        return None
+    return (dims + [1, 1])[:3] if 1 <= len(dims) <= 3 else None
+
+
+def _describe(v: Any) -> dict[str, Any]:
+    """One argument as `nojit tune` rebuilds it: plain values as they are, tensors by dtype, shape and strides
+    (small integer tensors with their values: offsets a kernel reads must stay in bounds)."""
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return {"value": v}
+    dtype = getattr(v, "dtype", None)
+    if dtype is None or not hasattr(v, "stride"):
+        return {"repr": f"{type(v).__name__}"}
+    desc: dict[str, Any] = {"tensor": str(dtype).removeprefix("torch."), "shape": [int(d) for d in v.shape],
+                            "strides": [int(d) for d in v.stride()]}
+    try:
+        if not dtype.is_floating_point and not dtype.is_complex and v.numel() <= MAX_SAMPLE_VALUES \
+                and v.device.type == "cpu":
+            desc["values"] = [int(x) for x in v.contiguous().reshape(-1).tolist()]
+    except Exception:  # fake or meta tensors have no values: `nojit tune` fills zeros
+        pass
+    return desc
+
+
+def _call_sample(fn: Any, calls: list[tuple[Any, tuple, dict]], grids: list[Any], configs: list[Any]) -> dict[str, Any]:
+    """The call without the config's parameters, and the grid each config launched with (by config JSON)."""
+    config_names = set().union(*(c.all_kwargs() for c in configs)) if configs else set()
+    _, args, kwargs = calls[0]
+    named = dict(zip(fn.arg_names, args))
+    named.update(kwargs)
+    sample = {name: _describe(v) for name, v in named.items() if name not in config_names}
+    by_config = {}
+    for (_, _, kw), grid in zip(calls, grids):
+        cfg = {k: v for k, v in kw.items() if k in config_names}
+        by_config[config_identity(cfg)] = grid
+    return {"args": sample, "grids": by_config}
 
 
 def _name(autotuner: Any) -> str:
@@ -116,12 +180,28 @@ def merge_tuning(info: dict[str, Any], tuning: Tuning) -> None:
             ids.append(cid)
             at["configs"].append(c)
         indices.append(ids.index(cid))
+    grids = {}
+    if tuning.call is not None:
+        for c, i in zip(tuning.configs, indices):
+            grid = tuning.call["grids"].get(config_identity_of_json(c))
+            if grid is not None:
+                grids[str(i)] = grid
     for k in at["keys"]:
         if k["key"] == tuning.key_json:
             k["configs"] = sorted(set(k["configs"]) | set(indices))
+            if "call" in k:
+                for i, g in grids.items():
+                    k["call"]["grids"].setdefault(i, g)
             return
-    at["keys"].append({"key": tuning.key_json, "configs": sorted(set(indices))})
+    entry: dict[str, Any] = {"key": tuning.key_json, "configs": sorted(set(indices))}
+    if tuning.call is not None:
+        entry["call"] = {"args": tuning.call["args"], "grids": grids}
+    at["keys"].append(entry)
     at["keys"].sort(key=lambda k: canonical_json(k["key"]))
+
+
+def config_identity_of_json(config_json: dict[str, Any]) -> str:
+    return canonical_json(config_json).decode()
 
 
 __all__ = ["Tuning", "recording_autotuners", "merge_tuning", "inner_jit", "config_identity"]

@@ -11,6 +11,7 @@ bundle's tuning keys. Two modes, both with no compile:
 - winner (`nojit tune` recorded one): the cache is pre-filled with the live Config equal to the winner, so
   Triton's `run` never benchmarks: the key is "autotune-winner".
 
+Triton's disk cache of timings is switched off for these kernels (see `AutotunedKernel`).
 Every use of a key is counted by the serving policy under its mode (as generic-entry uses are) and, in
 record mode, written to the record file. A tuning key the bundle does not list is refused in strict mode
 (KernelNotInBundleError naming kernel and tuning key) before Triton benchmarks; permissive lets Triton tune
@@ -69,27 +70,19 @@ class TuningCache(dict):
         self.mode_of[key] = WINNER
 
     def __contains__(self, key: object) -> bool:
-        if dict.__contains__(self, key):
-            return True
-        try:
-            known = key in self.known
-        except TypeError:  # an unhashable tuning key: Triton itself could not cache it either
-            known = False
-        if not known:
-            self._policy.miss(self.kernel, "triton", _json_key(key), f"tuning key {key!r}",  # type: ignore[arg-type]
-                              self._source_hash, "tuning key not in the bundle", fix=TUNE_FIX)
-            self.mode_of[key] = UNBUNDLED
-        return False
-
-    def __setitem__(self, key: Any, config: Any) -> None:  # Triton's benchmark (or single pruned config) chose
-        self.mode_of.setdefault(key, BENCHMARK)
-        dict.__setitem__(self, key, config)
-
-    def __getitem__(self, key: Any) -> Any:
-        config = dict.__getitem__(self, key)
-        self._policy.served(self.kernel, "triton", lambda: _json_key(key), self.mode_of.get(key, BENCHMARK),
-                            self._source_hash)
-        return config
+        """Triton's `run` asks this once per call (`key not in self.cache`): the one place a use is counted."""
+        found = dict.__contains__(self, key)
+        if not found and key not in self.mode_of:
+            try:
+                known = key in self.known
+            except TypeError:  # an unhashable tuning key: Triton itself could not cache it either
+                known = False
+            if not known:
+                self._policy.miss(self.kernel, "triton", _json_key(key), f"tuning key {key!r}",  # type: ignore
+                                  self._source_hash, "tuning key not in the bundle", fix=TUNE_FIX)
+            self.mode_of[key] = BENCHMARK if known else UNBUNDLED  # Triton benchmarks it now
+        self._policy.served(self.kernel, "triton", lambda: _json_key(key), self.mode_of[key], self._source_hash)
+        return found
 
 
 class AutotunedKernel:
@@ -115,8 +108,11 @@ class AutotunedKernel:
         for k in record.keys:
             if k.winner is not None:
                 self.cache.prefill(k.values, self.configs[k.winner])
-        self._saved = autotuner.cache
+        self._saved = (autotuner.cache, autotuner.cache_results)
         autotuner.cache = self.cache
+        # Triton's disk cache of timings (vLLM turns it on: TRITON_CACHE_AUTOTUNING=1, env_override.py) keys its
+        # file with `ptxas --version`, an exec strict mode refuses: the bundle is this kernel's tuning cache.
+        autotuner.cache_results = False
 
     @property
     def winners(self) -> int:
@@ -124,4 +120,4 @@ class AutotunedKernel:
 
     def undo(self) -> None:
         if self.autotuner.cache is self.cache:
-            self.autotuner.cache = self._saved
+            self.autotuner.cache, self.autotuner.cache_results = self._saved
