@@ -141,9 +141,8 @@ def _describe(v: Any) -> dict[str, Any]:
     desc: dict[str, Any] = {"tensor": str(dtype).removeprefix("torch."), "shape": [int(d) for d in v.shape],
                             "strides": [int(d) for d in v.stride()]}
     try:
-        if not dtype.is_floating_point and not dtype.is_complex and v.numel() <= MAX_SAMPLE_VALUES \
-                and v.device.type == "cpu":
-            desc["values"] = [int(x) for x in v.contiguous().reshape(-1).tolist()]
+        if not dtype.is_floating_point and not dtype.is_complex and v.numel() <= MAX_SAMPLE_VALUES:
+            desc["values"] = [int(x) for x in v.detach().reshape(-1).cpu().tolist()]
     except Exception:  # fake or meta tensors have no values: `nojit tune` fills zeros
         pass
     return desc
