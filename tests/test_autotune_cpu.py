@@ -68,8 +68,8 @@ def served(fla_bundle, monkeypatch):
     monkeypatch.setattr(torch_cuda, "device_capability", lambda device: (9, 0))  # the loader's arch check: an H200
     insts = []
 
-    def _install(path=None, mode="strict"):
-        inst = install(path or fla_bundle["bundle"], mode=mode)
+    def _install(path=None, mode="strict", **kw):
+        inst = install(path or fla_bundle["bundle"], mode=mode, **kw)
         insts.append(inst)
         return inst
 
@@ -123,6 +123,12 @@ def test_mode_a_tritons_autotuner_benchmarks_bundled_cubins_only(served):
     cumsum().chunk_local_cumsum(torch.zeros(1, 128, 4, 32, dtype=torch.float32), 64)  # vector kernel: 6 configs
     assert bench.calls == 4 + 6 and len(dry.launches) == 5 + 1 + 7
     assert guards.compile_attempts[before:] == []
+    from triton.runtime import driver
+
+    from nojit.loader.runtimes.triton.driver import TorchAnsweredDriver
+
+    # the benchmarker came from nojit's driver, and Triton's own driver (a gcc build of cuda_utils) was never made
+    assert isinstance(driver.active, TorchAnsweredDriver) and not driver.active.real_driver_created
     assert inst.policy.summary() == {"autotune-benchmark": 3}
     assert inst.policy.summary().get("miss") is None
     assert inst.state("triton").autotuned[SCALAR].cache.mode_of[
@@ -217,3 +223,21 @@ def test_a_tampered_winner_is_refused_at_open(fla_bundle, tmp_path):
             Bundle.open(path)
         assert "info.autotune.keys[0]" in str(info.value) and (why is None or why in str(info.value))
         assert "fix:" in str(info.value)
+
+
+@needs_vllm
+def test_record_mode_writes_which_mode_served_each_tuning_key(served, fla_bundle, tmp_path):
+    _install, dry, bench = served
+    record = tmp_path / "keys.jsonl"
+    _install(mode="record", record_file=str(record))
+    cumsum().chunk_local_cumsum(torch.zeros(1, 128, 4, dtype=torch.float32), 64)
+    cumsum().chunk_local_cumsum(torch.zeros(1, 128, 4, dtype=torch.float32), 64)
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    tuning = [r for r in lines if isinstance(r["key"], dict) and "tuning_key" in r["key"]]
+    assert [(r["kernel"], r["outcome"]) for r in tuning] == [(SCALAR, "autotune-benchmark")]  # once per key and mode
+    assert tuning[0]["key"]["tuning_key"][:3] == [["int", 1], ["int", 4], ["int", 64]]
+    assert sum(r["outcome"] == "exact" for r in lines) == 4  # the four configs' entries (the winner's among them)
+    from nojit.aot.build import add_recorded_keys
+    from nojit.aot.plan import Plan
+
+    assert add_recorded_keys(Plan.read(fla_bundle["plan"]), [str(record)]) == 0  # tuning-key lines: nothing to compile
