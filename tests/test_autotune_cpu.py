@@ -241,3 +241,32 @@ def test_record_mode_writes_which_mode_served_each_tuning_key(served, fla_bundle
     from nojit.aot.plan import Plan
 
     assert add_recorded_keys(Plan.read(fla_bundle["plan"]), [str(record)]) == 0  # tuning-key lines: nothing to compile
+
+
+@needs_vllm
+def test_configs_other_than_the_live_autotuners_are_refused_at_install(fla_bundle, tmp_path):
+    """FLA picks some configs from the GPU at import (cumsum.py BS_LIST from check_shared_mem): a bundle whose configs
+    are not this process's is refused, naming the config, instead of missing every launch."""
+    from nojit.aot.bundle_writer import write_bundle
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.bundle.manifest import KernelRecord
+    from nojit.loader.errors import BundleMismatchError
+
+    b = Bundle.open(fla_bundle["bundle"])
+    m = b.manifest
+    kernels = []
+    for rec in m.kernels.values():
+        info = json.loads(json.dumps(rec.info))
+        if rec.id == VECTOR:
+            info["autotune"]["configs"][0]["BS"] = ["int", 128]  # as if built where BS_LIST differs
+        kernels.append(KernelRecord(rec.id, rec.runtime, rec.source_hash, rec.params, info))
+    path = str(tmp_path / "other-configs.nojit")
+    write_bundle(path, m.producer, m.target, m.deployment, kernels, m.entries,
+                 {e.blob: b.read_blob(e.blob) for e in m.entries})
+    autotuner = _autotuner(cumsum().chunk_local_cumsum_vector_kernel)
+    cache = autotuner.cache
+    with pytest.raises(BundleMismatchError) as info:
+        install(path, mode="strict")
+    assert VECTOR in str(info.value) and "'BS': 128" in str(info.value) and "fix:" in str(info.value)
+    assert autotuner.cache is cache  # nothing left installed
+    assert cumsum().chunk_local_cumsum_scalar_kernel.fn.fn.__dict__.get("run") is None
