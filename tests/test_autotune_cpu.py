@@ -178,6 +178,9 @@ def test_mode_b_tune_records_winners_and_the_loader_serves_them_with_no_benchmar
     for kid in (SCALAR, VECTOR):
         configs = index.kernels[kid].autotune.configs
         assert all(configs[k.winner]["num_warps"] == 4 for k in index.kernels[kid].autotune.keys)
+    from nojit.aot.report import summary
+
+    assert f"{SCALAR}: 4 configs, 2 tuning keys, 2 with a winner" in summary(Bundle.open(tuned))  # nojit inspect
     original = Bundle.open(fla_bundle["bundle"]).manifest
     assert [e.blob for e in Bundle.open(tuned).manifest.entries] == [e.blob for e in original.entries]
     dry.launches.clear()
