@@ -298,7 +298,9 @@ def main() -> int:
                     forced[name][k].append(ran["config"])
     with open(f"{w}/forced.json", "w") as f:
         json.dump(forced, f)
-    jit = run("jit", args, "--forced", f"{w}/forced.json", env={"TRITON_CACHE_DIR": f"{w}/triton-cache-empty"})
+    import tempfile
+
+    jit = run("jit", args, "--forced", f"{w}/forced.json", env={"TRITON_CACHE_DIR": tempfile.mkdtemp(dir=w)})
     ok = True
     rows = []
     for name in a["cases"]:
