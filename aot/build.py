@@ -107,8 +107,8 @@ def add_recorded_keys(plan: Plan, paths: list[str]) -> int:
                 kernel, key = rec["kernel"], rec["key"]
             except (ValueError, KeyError, TypeError):
                 raise BuildError(f"{path}:{n} is not a nojit key record", fix="pass a file written by NOJIT_MODE=record") from None
-            if key is None:
-                continue  # a call the bundle cannot represent: nothing to compile
+            if key is None or isinstance(key, dict) and "tuning_key" in key:
+                continue  # a call the bundle cannot represent, or an autotuner's tuning key: nothing to compile
             if kernel not in plan.kernels:
                 raise BuildError(
                     f"{path}:{n}: kernel {kernel} is not in this deployment's plan",

@@ -81,6 +81,26 @@ def _quietly(args: argparse.Namespace, output: str, run: Any, opts: Any) -> Any:
         raise
 
 
+def _tune(args: argparse.Namespace) -> int:
+    from nojit.aot.tune import tune
+
+    result = tune(args.bundle, args.output)
+    for kid, keys in sorted(result.winners.items()):
+        for key, winner in keys.items():
+            times = result.timings[kid][key]
+            print(f"{kid} {key!r}: config {winner} of {sorted(times)} "
+                  f"({_ms(times[winner])} ms; slowest {_ms(max(times.values()))} ms)")
+    for line in result.skipped:
+        print(f"not tuned: {line}")
+    n = sum(len(k) for k in result.winners.values())
+    print(f"{n} tuning keys tuned; wrote {result.output}")
+    return 0
+
+
+def _ms(t: Any) -> str:
+    return f"{(t[0] if isinstance(t, (list, tuple)) else t):.4f}"
+
+
 def _build_many(args: argparse.Namespace) -> int:
     """Several --deployment files: one bundle each in -o DIR, common compiles done once (multi_build.py)."""
     from nojit.aot.build import BuildOptions
@@ -223,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("-o", "--output", default="dist", help="directory for the wheel (default: dist)")
     w.add_argument("--version", help="wheel version (default: <nojit version>+<first 12 hex of the bundle sha256>)")
     w.set_defaults(func=_package)
+
+    t = sub.add_parser("tune", help="on the serving GPU: time each tuning key's configs with the bundle's cubins "
+                       "and write a bundle with the winners (served with no benchmark)")
+    t.add_argument("bundle")
+    t.add_argument("-o", "--output", help="the tuned bundle (default: BUNDLE with .tuned.nojit)")
+    t.set_defaults(func=_tune)
 
     d = sub.add_parser("doctor", help="check, without starting vLLM, whether a bundle will serve on this machine")
     d.add_argument("bundle", nargs="?", help="the bundle (default: NOJIT_BUNDLE, else the installed bundle wheel)")

@@ -47,6 +47,16 @@ def summary(bundle: Bundle, keys: bool = False) -> str:
         "",
         _table(rows, ["kernel", "runtime", "exact", "generic", "KiB", "source"]),
     ]
+    tuned = [(kid, m.kernels[kid].autotune) for kid in sorted(m.kernels) if m.kernels[kid].autotune is not None]
+    if tuned:
+        out.append("")
+        out.append("autotuned (Triton's Autotuner chooses among these configs; a winner is served with no benchmark):")
+        for kid, at in tuned:
+            out.append(f"  {kid}: {len(at.configs)} configs, {len(at.keys)} tuning keys, {at.tuned} with a winner")
+            if keys:
+                for k in at.keys:
+                    won = f"winner {at.configs[k.winner]}" if k.winner is not None else "no winner"
+                    out.append(f"    {k.text()}: configs {list(k.configs)}, {won}")
     if keys:
         out.append("")
         out.append("keys:")

@@ -42,6 +42,9 @@ def summary_line(inst: object) -> str:
     runtimes = [k.runtime for k in m.kernels.values()]
     counts = " + ".join(f"{runtimes.count(r.name)} {r.display}" for r in in_manifest_order() if r.name in runtimes)
     kernels = f"{counts or 'no'} kernels, {m.entry_count} entries"
+    notes = [n for n in (getattr(h.state, "startup_note", lambda: "")() for h in inst.handles.values()) if n]
+    if notes:
+        kernels += " (" + "; ".join(notes) + ")"
     return (f"nojit[pid {os.getpid()}]: {inst.bundle.path} ({versions}; {m.target.arch}): {kernels}; "
             f"mode {inst.mode.value}; firewall {firewall_state(inst)}")
 

@@ -73,8 +73,10 @@ class ServingPolicy:
         if self.recorder is not None:
             self.recorder.record(kernel, runtime, key_json(), outcome, source_hash)
 
-    def miss(self, kernel: str, runtime: str, key_json: Any, key_text: str, source_hash: str, reason: str = "") -> None:
-        """No entry serves this key. Raises in strict mode; otherwise warns once and returns."""
+    def miss(self, kernel: str, runtime: str, key_json: Any, key_text: str, source_hash: str, reason: str = "",
+             fix: str = "") -> None:
+        """No entry serves this key. Raises in strict mode (with `fix`, else how to add the key); otherwise warns
+        once and returns."""
         self.counts[(kernel, "miss")] += 1
         if self.recorder is not None:
             self.recorder.record(kernel, runtime, key_json, "miss", source_hash)
@@ -84,7 +86,7 @@ class ServingPolicy:
                 kernel,
                 key_text + why,
                 self.bundle_path,
-                fix="run the workload once with NOJIT_MODE=record (NOJIT_RECORD_FILE=keys.jsonl), then "
+                fix=fix or "run the workload once with NOJIT_MODE=record (NOJIT_RECORD_FILE=keys.jsonl), then "
                 "`nojit build --add-keys keys.jsonl` and deploy the new bundle; "
                 "or set NOJIT_MODE=permissive to let the JIT compile missing keys",
             )

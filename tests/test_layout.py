@@ -49,7 +49,7 @@ AOT_LAYERS = (
     ("shared model rows", ("models.runner", "models.runner.*")),  # what every model room shares (vLLM's runners)
     ("model rooms", ("models.*",)),
     ("model registry", ("models",)),
-    ("orchestration", ("build", "coverage", "observed_coverage", "report", "package")),
+    ("orchestration", ("build", "coverage", "observed_coverage", "report", "package", "tune")),
     ("several deployments", ("multi_build",)),
     ("command", ("cli",)),
 )

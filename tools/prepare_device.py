@@ -10,7 +10,8 @@ Writes, into ignored folders (third-party code is never committed):
   .device/vllm_src/vllm/...        the few vLLM files tests/gpu/check_tilelang.py imports there, verbatim,
                                    at their package paths (VLLM_TILELANG_FILES), plus SOURCES.json
   .device/vllm_src/vllm/...        also the vLLM files tests/gpu/check_call_sites.py imports (its call sites and
-                                   their import closure, listed by `check_call_sites.py --list-sources`), verbatim
+                                   their import closure, listed by `check_call_sites.py --list-sources`), verbatim,
+                                   and those tests/gpu/check_autotune.py imports (FLA's autotuned ops), likewise
   .device/tilelang.nojit           with --tilelang-bundle: the TileLang bundle to check (built here,
                                    where TileLang is installed)
   .whl/                            the nojit wheel (abi3) and the cp312 wheels it needs there
@@ -137,13 +138,13 @@ def copy_vllm_tilelang_sources(out_dir: str) -> int:
     return len(digests)
 
 
-def copy_vllm_call_site_sources(out_dir: str) -> int:
-    """Copy the vLLM files the call-site check imports (asked of the check itself) into out_dir/vllm/...,
-    adding their digests to SOURCES.json."""
+def copy_vllm_call_site_sources(out_dir: str, check: str = "check_call_sites.py") -> int:
+    """Copy the vLLM files a GPU check imports (asked of the check itself: check_call_sites.py, check_autotune.py)
+    into out_dir/vllm/..., adding their digests to SOURCES.json."""
     import vllm
 
     pkg = os.path.dirname(os.path.abspath(vllm.__file__))
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "check_call_sites.py"), "--list-sources",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", check), "--list-sources",
                         "--vllm-src", os.path.dirname(pkg)], capture_output=True, text=True, check=True)
     files = json.loads(p.stdout.strip().splitlines()[-1])["files"]
     with open(os.path.join(out_dir, "SOURCES.json")) as f:
@@ -184,6 +185,7 @@ def main() -> int:
     copy_mhc_reference(os.path.join(device, "vllm_mhc"))
     m = copy_vllm_tilelang_sources(os.path.join(device, "vllm_src"))
     m += copy_vllm_call_site_sources(os.path.join(device, "vllm_src"))
+    m += copy_vllm_call_site_sources(os.path.join(device, "vllm_src"), "check_autotune.py")  # FLA's autotuned ops
     target = os.path.join(device, "tilelang.nojit")
     if args.tilelang_bundle and not (os.path.exists(target) and os.path.samefile(args.tilelang_bundle, target)):
         shutil.copyfile(args.tilelang_bundle, target)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from nojit.loader.bundle.autotune import AutotuneRecord
 from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
 from nojit.loader.bundle.records.humming import HummingLaunch
 from nojit.loader.bundle.canonical import canonical_json
@@ -480,6 +481,8 @@ class KernelRecord:
     to serve a kernel whose live source no longer has this digest. A Triton kernel's info may hold
     `source_parts` (optional; what that cache_key was made of, so that the loader can prove it unchanged
     without Triton's AST walk: loader/runtimes/triton/source_parts.py); without it the loader asks cache_key.
+    An autotuned Triton kernel's info may hold `autotune` (optional; its tuning keys, configs and winners:
+    loader/bundle/autotune.py), checked here, at open, and kept parsed as `autotune`.
     """
 
     id: str
@@ -487,6 +490,7 @@ class KernelRecord:
     source_hash: str
     params: tuple[str, ...]
     info: dict[str, Any] = field(default_factory=dict)
+    autotune: AutotuneRecord | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"runtime": self.runtime, "source_hash": self.source_hash, "params": list(self.params), "info": self.info}
@@ -508,7 +512,11 @@ class KernelRecord:
             names_ok = False
         if len(params) > 4096 or not names_ok:
             raise f._bad("params", "holds a name that is not an identifier")
-        return cls(kid, runtime, f.str("source_hash", max_len=128), tuple(params), f.get("info", dict))
+        info = f.get("info", dict)
+        autotune = None
+        if "autotune" in info:  # only the Triton room reads it; checked for every record alike
+            autotune = AutotuneRecord.from_json(info["autotune"], f"{f.where}.info.autotune", f.source)
+        return cls(kid, runtime, f.str("source_hash", max_len=128), tuple(params), info, autotune)
 
 
 @dataclass(frozen=True)

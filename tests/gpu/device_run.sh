@@ -54,6 +54,10 @@
 #   inprocess  strict mode vs the driver's PTX JIT on the real driver (tests/gpu/test_inprocess_gpu.py: a PTX module load
 #            and the driver's linker refused, a cubin loaded, the control loads the PTX with strict mode off), then the
 #            CPU tests of NVRTC/nvJitLink (tests/test_inprocess_guard.py); needs a .whl nojit wheel built with _inproc
+#   autotune FLA's autotuned kernels (chunk_local_cumsum fixed/varlen, solve_tril) from .device/vllm_src: Triton's own
+#            autotuner enumerated here, the bundle built from that plan, mode a (Triton benchmarks the bundled cubins),
+#            `nojit tune`, mode b (winners pre-filled, no benchmark) vs the JIT's autotuner from an empty cache with each
+#            chosen config forced, outputs poisoned, bit-compared (tests/gpu/check_autotune.py)
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -204,6 +208,10 @@ PY
       python3 tests/gpu/replace_under_load.py --bundle $W/triton.nojit --rebuilt $W/triton_exact.nojit --sources $MAP \
         --servers $([ "$NGPU" -gt 1 ] && echo "$NGPU" || echo 4) --readers 2 --duration "${REPLACE_SECONDS:-180}" --json "$OUT/replace_under_load.json" 2>&1 \
         | tail -40 || rc=1
+      ;;
+    autotune)
+      python3 tests/gpu/check_autotune.py --vllm-src .device/vllm_src --work $W/autotune \
+        --json "$OUT/check_autotune.json" 2>&1 | tail -60 || rc=1
       ;;
     fastpath)
       [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3

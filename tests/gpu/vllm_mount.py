@@ -25,6 +25,8 @@ EMPTY_PACKAGES = frozenset({
     "vllm.v1.worker.gpu", "vllm.v1.attention", "vllm.v1.attention.backends", "vllm.v1.sample",
     "vllm.v1.sample.ops", "vllm.model_executor.layers", "vllm.v1.spec_decode",
     "vllm.models.deepseek_v4", "vllm.models.deepseek_v4.common", "vllm.models.common",
+    # FLA's ops package __init__ imports every GDN op (tests/gpu/check_autotune.py imports the ones it drives)
+    "vllm.third_party", "vllm.third_party.flash_linear_attention", "vllm.third_party.flash_linear_attention.ops",
 })
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
+from nojit.aot.runtimes.triton.autotune import Tuning, recording_autotuners
 from nojit.aot.runtimes.triton.compiler import key_for_call
 from nojit.aot.runtimes.triton.rows import DerivedKernel, TritonOwner
 from nojit.aot.runtimes.triton.source_parts import source_parts
@@ -41,6 +42,7 @@ class TritonRequest:
     key: Key
     origin: str
     sample: dict[str, Any] | None = None
+    tuning: Tuning | None = None  # the call came from Triton's Autotuner (one of the tuning key's configs)
 
 
 @dataclass
@@ -129,7 +131,7 @@ def enumerate_owner(owner_row: TritonOwner, deployment: Deployment, vllm_config:
                 fix="check the deployment values; if they are right, report this to nojit",
             ) from exc
         for ck in compile_keys:
-            with recording_jit_calls() as calls:
+            with recording_jit_calls() as calls, recording_autotuners(calls) as tuned:
                 try:
                     owner.compile(ck)
                 except NoJitError:
@@ -142,12 +144,28 @@ def enumerate_owner(owner_row: TritonOwner, deployment: Deployment, vllm_config:
             if not calls:
                 raise BuildError(f"{owner_row.owner} key {ck} launched no Triton kernel during warmup",
                                  fix="report this to nojit with the vLLM version")
-            for fn, args, kwargs in calls:
-                out.append(_request(fn, args, kwargs, f"registry:{owner_row.owner}"))
+            out.extend(_requests(calls, tuned, f"registry:{owner_row.owner}"))
     return out
 
 
-def _request(fn: Any, args: tuple, kwargs: dict, origin: str) -> TritonRequest:
+def enumerate_calls(thunk: Any, origin: str) -> list[TritonRequest]:
+    """Every Triton call a Python callable makes (a call site run on the stand-in GPU), keyed as the JIT
+    would; calls that reach an Autotuner carry its tuning key and pruned configs."""
+    with recording_jit_calls() as calls, recording_autotuners(calls) as tuned:
+        thunk()
+    return _requests(calls, tuned, origin)
+
+
+def _requests(calls: list[tuple[Any, tuple, dict]], tuned: dict[int, Tuning], origin: str) -> list[TritonRequest]:
+    out = []
+    for i, (fn, args, kwargs) in enumerate(calls):
+        tuning = tuned.get(i)
+        out.append(_request(fn, args, kwargs, origin,
+                            tuning if tuning is not None and tuning.kernel == kernel_id(fn) else None))
+    return out
+
+
+def _request(fn: Any, args: tuple, kwargs: dict, origin: str, tuning: Tuning | None = None) -> TritonRequest:
     try:
         key = key_for_call(fn, args, kwargs)
     except UnsupportedArgument as exc:
@@ -155,7 +173,7 @@ def _request(fn: Any, args: tuple, kwargs: dict, origin: str) -> TritonRequest:
     names = [p.name for p in fn.params]
     sample = {name: describe_value(v) for name, v in zip(names, args)}
     sample.update({k: describe_value(v) for k, v in kwargs.items()})
-    return TritonRequest(kernel_id(fn), key, origin, sample)
+    return TritonRequest(kernel_id(fn), key, origin, sample, tuning)
 
 
 def kernel_info(fn: Any, owner: str | None, site: str) -> TritonKernelInfo:
@@ -206,11 +224,13 @@ def enumerate_derived(derived: DerivedKernel, deployment: Deployment) -> list[Tr
 
 
 def dedupe(requests: list[TritonRequest]) -> list[TritonRequest]:
-    """First request per (kernel, key) wins; order is kept."""
-    seen: set[tuple[str, Key]] = set()
+    """First request per (kernel, key, tuning key) wins; order is kept."""
+    seen: set[tuple[str, Key, Any]] = set()
     out = []
     for r in requests:
-        if (r.kernel, r.key) not in seen:
-            seen.add((r.kernel, r.key))
+        ident = (r.kernel, r.key, r.tuning.key if r.tuning is not None else None)
+        if ident not in seen:
+            seen.add(ident)
             out.append(r)
     return out
+

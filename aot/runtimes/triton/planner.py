@@ -18,6 +18,7 @@ from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.aot.runtimes.triton import compiler as compiler_module
 from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver, ptxas_version
 from nojit.aot.target import TARGET
+from nojit.aot.runtimes.triton.autotune import merge_tuning
 from nojit.aot.runtimes.triton.enumeration import (
     TritonRequest,
     dedupe,
@@ -45,11 +46,7 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
     vllm_config = tables.vllm_config(d)
 
     def add(requests: list[TritonRequest], owner: str | None, site: str) -> None:
-        for r in dedupe(requests):
-            if r.kernel not in p.kernels:
-                info = kernel_info(jit_function_of(resolve_kernel(r.kernel, None)), owner, site)
-                p.add_kernel(r.kernel, PlanKernel(NAME, info.source_hash, list(info.params), info.info))
-            p.add(PlanRequest(r.kernel, key_to_json(r.key), "exact", r.origin, r.sample))
+        add_requests(p, requests, owner, site)
 
     for row in tables.owners:
         if selection.in_groups(row.groups) and selection.wants(row.kernel):
@@ -57,6 +54,18 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
     for derived in tables.derived:
         if selection.in_groups(derived.groups) and selection.wants(derived.kernel):
             add(enumerate_derived(derived, d), None, derived.site)
+
+
+def add_requests(p: Plan, requests: list[TritonRequest], owner: str | None, site: str) -> None:
+    """Enumerated requests into the plan: each kernel described once, each exact key once, and each
+    autotuned call's tuning key mapped to its configs in the kernel's info."""
+    for r in dedupe(requests):
+        if r.kernel not in p.kernels:
+            info = kernel_info(jit_function_of(resolve_kernel(r.kernel, None)), owner, site)
+            p.add_kernel(r.kernel, PlanKernel(NAME, info.source_hash, list(info.params), info.info))
+        p.add(PlanRequest(r.kernel, key_to_json(r.key), "exact", r.origin, r.sample))
+        if r.tuning is not None:  # one of an autotuned kernel's configs: the manifest maps its tuning key
+            merge_tuning(p.kernels[r.kernel].info, r.tuning)
 
 
 def add_generic_variants(p: Plan) -> int:

@@ -8,10 +8,12 @@ derive keys: `_triton_key_deriver` asks `driver.active.get_current_device()` and
 (vllm/model_executor/warmup/jit_warmup_triton_helper.py; triton/runtime/jit.py). With an
 empty TRITON_CACHE_DIR in strict mode that build is refused and the start fails.
 
-Those are the only questions a nojit-served process asks Triton's driver: bundled kernels
+Those, and the three an autotuner's benchmark asks (`get_benchmarker`, `get_empty_cache_for_benchmark`,
+`clear_cache`: Triton's own `do_bench` on the bundled cubins), are the only questions a nojit-served process
+asks Triton's driver: bundled kernels
 launch through nojit's own C launcher, never through Triton's. So nojit answers them from
 torch (which has the CUDA runtime loaded anyway) and creates Triton's real driver only when
-something asks for more (a kernel Triton itself launches, a benchmark): in permissive mode
+something asks for more (a kernel Triton itself launches): in permissive mode
 that is the JIT doing its job; in strict mode it is refused with the firewall's message.
 
 Chosen over shipping a prebuilt `cuda_utils` in the bundle because nothing then depends on
@@ -71,6 +73,21 @@ class TorchAnsweredDriver:
         import torch
 
         return torch.cuda
+
+    # --- Triton's Autotuner benchmarking bundled cubins (triton/runtime/autotuner.py `do_bench`, triton/testing.py
+    # `do_bench`): the same answers as Triton's CudaDriver (backends/nvidia/driver.py), from torch ---
+    def get_benchmarker(self) -> Any:
+        from triton.testing import do_bench
+
+        return do_bench
+
+    def get_empty_cache_for_benchmark(self) -> Any:
+        import torch
+
+        return torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int, device="cuda")  # Triton's 256 MB L2 flush buffer
+
+    def clear_cache(self, cache: Any) -> None:
+        cache.zero_()
 
     # --- everything else: Triton's own driver (built now; strict mode refuses a cold build) ---
     def __getattr__(self, name: str) -> Any:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 from nojit.loader.errors import BundleMismatchError
 from nojit.loader.faces import Handle, InstallContext, ProcessJit, Runtime
 from nojit.loader.resolve import jit_function_of
+from nojit.loader.runtimes.triton.autotune import AutotunedKernel, find_autotuner
 from nojit.loader.settings import settings
 
 
@@ -29,8 +31,10 @@ def install(ctx: InstallContext) -> Handle:
     instrumentation_mode = knobs.compilation.instrumentation_mode
     bundle = ctx.bundle
     servers: dict[str, TritonKernelServer] = {}
+    autotuned: dict[str, AutotunedKernel] = {}
     for kid in ctx.kernel_ids:
-        fn = jit_function_of(ctx.resolve(kid))
+        obj = ctx.resolve(kid)
+        fn = jit_function_of(obj)
         if fn is None:
             raise BundleMismatchError(
                 f"kernel {kid} is not a Triton JITFunction in this process",
@@ -44,12 +48,50 @@ def install(ctx: InstallContext) -> Handle:
                                     differences=ctx.differences)
         fn.run = server.entry_point  # instance attribute: shadows JITFunction.run for this kernel only
         servers[kid] = server
-    return Handle(servers, undo=lambda: _uninstall(servers), checked_at_first_use=True)
+        record = bundle.index.kernels[kid].autotune
+        if record is not None:  # Triton's Autotuner chooses among the bundle's configs (autotune.py)
+            autotuner = find_autotuner(obj)
+            if autotuner is None:
+                _uninstall(servers, autotuned)
+                raise BundleMismatchError(
+                    f"{bundle.path}: kernel {kid} was autotuned when the bundle was built; in this process it has "
+                    "no (single) Triton Autotuner", fix="rebuild the bundle against the installed vLLM")
+            try:
+                autotuned[kid] = AutotunedKernel(kid, autotuner, record, ctx.policy, bundle.index.kernels[kid].source_hash,
+                                                 bundle.path)
+            except BaseException:
+                _uninstall(servers, autotuned)
+                raise
+    if autotuned:  # Triton's benchmarker, asked for by its Autotuner, answered without building Triton's driver
+        from nojit.loader.runtimes.triton.driver import answer_from_torch
+
+        answer_from_torch()
+    return Handle(servers, state=TritonServing(autotuned), undo=lambda: _uninstall(servers, autotuned),
+                  checked_at_first_use=True)
 
 
-def _uninstall(servers: dict) -> None:
+@dataclass
+class TritonServing:
+    """The Triton room's own record: the autotuned kernels (kernel id -> AutotunedKernel)."""
+
+    autotuned: dict[str, AutotunedKernel] = field(default_factory=dict)
+
+    def startup_note(self) -> str:
+        """How the bundle's tuning keys will be served (the startup line): pre-filled winners, benchmarked at
+        first use; empty without autotuned kernels."""
+        if not self.autotuned:
+            return ""
+        keys = sum(len(a.record.keys) for a in self.autotuned.values())
+        winners = sum(a.winners for a in self.autotuned.values())
+        return (f"{len(self.autotuned)} autotuned kernels, {keys} tuning keys: {winners} with the bundle's winner, "
+                f"{keys - winners} benchmarked by Triton on first use")
+
+
+def _uninstall(servers: dict, autotuned: dict | None = None) -> None:
     from nojit.loader.runtimes.triton.fast import restore_getitem
 
+    for a in (autotuned or {}).values():
+        a.undo()
     for server in servers.values():
         server.fn.__dict__.pop("run", None)
         restore_getitem(server.fn)  # its own class back (kernel[grid] bound in C)
