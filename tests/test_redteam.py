@@ -207,10 +207,11 @@ def test_a_folder_of_another_user_below_a_whole_tree_root_never_runs(work, other
         shutil.rmtree(theirs)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: exec-plan.json (and compilers.json) in the runtime folder are trusted; "
-                   "a process of this user that rewrites them widens the next strict process's allow-list; closing "
-                   "it needs the cache to be checked against an independent scan, not small")
 def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
+    """Fixed: exec-plan.json in the runtime folder was trusted; a process of this user that appended a folder rule
+    for "/" (the key and every stamp unchanged) widened the next strict process's allow-list, and gcc ran. Now a
+    cached plan that names what plan() could not (a rule outside the roots, on a folder above a compiler, or for
+    a compiler) is planned again. compilers.json stays trusted (README)."""
     (work / "xdg-cache").mkdir(mode=0o700)
     first = run_probe(work, "strict", forms="gcc_abs", xdg="xdg-cache", allow=False)
     assert first["compiled"] == {"gcc_abs": False}
@@ -221,6 +222,28 @@ def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
     os.chmod(cached, stat.S_IRUSR | stat.S_IWUSR)
     again = run_probe(work, "strict", forms="gcc_abs", xdg="xdg-cache", allow=False)
     assert again["compiled"] == {"gcc_abs": False}, again
+
+
+def test_positive_control_a_rewritten_plan_is_reused_without_the_check(tmp_path, monkeypatch):
+    """Without the check, the rewritten plan is taken from the cache as it is, a folder rule on "/" with it (which
+    lets everything run: the red team's run before the fix compiled). Also: a rule for gcc itself is refused."""
+    comp = landlock.compilers_mod.find(None)
+    roots = landlock.default_roots()
+    landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+    cached = tmp_path / "exec-plan.json"
+    data = json.loads(cached.read_text())
+    for tamper in ({"folders": [*data["folders"], "/"]}, {"files": [*data["files"], os.path.realpath("/usr/bin/gcc")]}):
+        cached.write_text(json.dumps({**data, **tamper}))
+        checked = landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+        assert not checked.from_cache and "/" not in checked.folders
+        assert os.path.realpath("/usr/bin/gcc") not in checked.files
+        cached.write_text(json.dumps({**data, **tamper}))
+        with monkeypatch.context() as m:
+            m.setattr(landlock, "_could_be_planned", lambda *a: True)
+            trusted = landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+        assert trusted.from_cache and (("/" in trusted.folders) or os.path.realpath("/usr/bin/gcc") in trusted.files)
+    cached.write_text(json.dumps(data))
+    assert landlock.cached_plan(comp, roots, [], [], str(tmp_path)).from_cache  # control: an untouched plan is reused
 
 
 @pytest.mark.skipif(importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("cuda") is None,

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nojit.loader.strict import compilers as compilers_mod
 from nojit.loader.errors import NoJitError
@@ -267,7 +268,7 @@ def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str
     cached = compilers_mod.read_private_json(path)
     if cached is not None and cached.get("key") == key:
         p = Plan(**{f: cached[f] for f in _PLAN_FIELDS})
-        if _still(p):
+        if _still(p) and _could_be_planned(comp, p, [*roots, *extra]):
             p.from_cache = True
             return _with_files(comp, p, files)
     p = plan(comp, roots, extra)
@@ -290,6 +291,29 @@ def _with_files(comp: compilers_mod.Compilers, p: Plan, files: list[str]) -> Pla
         if os.path.isfile(real) and real not in p.file_stats:
             _plan_file(comp, real, os.stat(real), p)
     return p
+
+
+def _could_be_planned(comp: compilers_mod.Compilers, p: Plan, tops: list[str]) -> bool:
+    """Whether a cached plan names only what plan() could have: every folder rule and file rule lies under a root
+    or an allowed folder, no folder rule holds a compiler's folder, no file rule is a compiler. The cache is this
+    user's file: a process of this user that rewrote it (a folder rule on "/", a rule for gcc) gets a fresh plan,
+    not a wider allow-list (tests/test_redteam.py)."""
+    tops = [os.path.realpath(t).rstrip(os.sep) or os.sep for t in tops]
+
+    def under(path: Any) -> bool:
+        return isinstance(path, str) and any(path == t or path.startswith(t + os.sep) or t == os.sep for t in tops)
+
+    holding = set()  # compiler folders and the folders above them: plan() lists those, never rules them whole
+    for folder in comp.folders:
+        while folder not in holding and folder not in (os.sep, ""):
+            holding.add(folder)
+            folder = os.path.dirname(folder)
+    if any(not under(f) or f in holding or f == os.sep for f in p.folders):
+        return False
+    try:
+        return all(under(f) and not comp.is_compiler(f) for f in p.files)
+    except OSError:
+        return False
 
 
 def _still(p: Plan) -> bool:
