@@ -248,13 +248,17 @@ def test_positive_control_a_rewritten_plan_is_reused_without_the_check(tmp_path,
 
 @pytest.mark.skipif(importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("cuda") is None,
                     reason="needs the nvidia-cuda-nvrtc wheel")
-@pytest.mark.xfail(strict=True, reason="hole: the in-process guards are per process; a Python child that does not "
-                   "install nojit compiles with a ctypes-loaded libnvrtc (Landlock checks only exec); closing it needs "
-                   "every child to install the guards, not small")
 def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
+    """Fixed: the in-process guards are per process, and a Python child that never installs nojit compiled CUDA C++
+    with a ctypes-loaded libnvrtc. Now NVRTC's builtins library (which NVRTC opens only to compile) cannot be read by
+    any process of the strict tree (Landlock, loader/strict/nvrtc_builtins.py): the child's compile fails. Control:
+    the same child compiles in permissive mode. (nvJitLink and the driver's PTX JIT in such a child: README.)"""
     r = run_probe(work, "strict", forms="child_nvrtc,gcc_abs", allow=False)
     assert r["compiled"]["gcc_abs"] is False  # the child's process compilers are refused
     assert r["compiled"]["child_nvrtc"] is False, r
+    assert "NVRTC builtins unreadable" in r["summary"], r["summary"]
+    control = run_probe(work, "permissive", forms="child_nvrtc", allow=False)
+    assert control["compiled"]["child_nvrtc"] is True, control
 
 
 def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp_path):

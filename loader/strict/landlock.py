@@ -39,10 +39,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.strict import compilers as compilers_mod
+from nojit.loader.strict import nvrtc_builtins
 from nojit.loader.errors import NoJitError
 from nojit.loader.settings import settings
 
 ACCESS_FS_EXECUTE = 1 << 0
+ACCESS_FS_READ_FILE = 1 << 2  # handled only when NVRTC's builtins are made unreadable (nvrtc_builtins.py)
 RULE_PATH_BENEATH = 1
 CREATE_RULESET_VERSION = 1 << 0
 RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: every thread of the process, not only the caller
@@ -90,13 +92,18 @@ class Report:
     other_threads: tuple[str, ...] = ()  # their names (/proc/self/task/*/comm), this thread left out
     reason: str = ""
     plan: Plan | None = None
+    unreadable: list[str] = field(default_factory=list)  # NVRTC builtins no process of the tree can read
+    kept_readable: list[str] = field(default_factory=list)  # copies left readable, with why
 
     def summary(self) -> str:
         if self.state == "on":
             threads = ("all threads" if self.tsync or self.threads_before <= 1
                        else f"{self.threads_before - 1} earlier threads not covered: {', '.join(self.other_threads)}")
+            builtins = (f"; NVRTC builtins unreadable ({len(self.unreadable)} copies)" if self.unreadable else "")
+            if self.kept_readable:
+                builtins += f"; NVRTC builtins left readable: {', '.join(self.kept_readable)}"
             return (f"exec allow-list on (Landlock ABI {self.abi}, {self.rules} rules, {self.ms:.0f} ms, "
-                    f"{threads})")
+                    f"{threads}){builtins}")
         if self.state == "inherited":
             return "exec allow-list inherited from the parent process"
         return f"exec allow-list {self.state}" + (f" ({self.reason})" if self.reason else "")
@@ -337,30 +344,32 @@ def extra_folders() -> list[str]:
     return [p for p in raw.split(os.pathsep) if p] if raw else []
 
 
-def apply(p: Plan, abi: int) -> tuple[int, bool]:
-    """Create the ruleset, add the rules, set no_new_privs and restrict this process; (rules added, tsync)."""
+def apply(p: Plan, abi: int, read: Sequence[str] = ()) -> tuple[int, bool]:
+    """Create the ruleset, add the rules, set no_new_privs and restrict this process; (rules added, tsync). With
+    `read` (nvrtc_builtins.read_rules), reading files is handled too and allowed only beneath those paths."""
     libc = _libc()
     create, add, restrict = _SYSCALLS[platform.machine()]
-    attr = _RulesetAttr(ACCESS_FS_EXECUTE)
+    attr = _RulesetAttr(ACCESS_FS_EXECUTE | (ACCESS_FS_READ_FILE if read else 0))
     ruleset = libc.syscall(ctypes.c_long(create), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
                            ctypes.c_uint32(0))
     if ruleset < 0:
         raise _os_error("landlock_create_ruleset", ctypes.get_errno())
     added = 0
     try:
-        rule = _PathBeneathAttr(ACCESS_FS_EXECUTE, -1)
-        for path in (*p.folders, *p.files):
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue  # gone since it was listed: it gets no rule
-            try:
-                rule.parent_fd = fd
-                if libc.syscall(ctypes.c_long(add), ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) == 0:
-                    added += 1
-            finally:
-                os.close(fd)
+        for access, paths in ((ACCESS_FS_EXECUTE, (*p.folders, *p.files)), (ACCESS_FS_READ_FILE, read)):
+            rule = _PathBeneathAttr(access, -1)
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except OSError:
+                    continue  # gone since it was listed (or a link): it gets no rule
+                try:
+                    rule.parent_fd = fd
+                    if libc.syscall(ctypes.c_long(add), ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH),
+                                    ctypes.byref(rule), ctypes.c_uint32(0)) == 0:
+                        added += 1
+                finally:
+                    os.close(fd)
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise _os_error("prctl(PR_SET_NO_NEW_PRIVS)", ctypes.get_errno())
         tsync = abi >= 8
@@ -413,9 +422,11 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
     if comp.hashed != hashed:
         compilers_mod.save(comp, runtime_dir)  # digests computed while planning: the next process reuses them
     others = _other_threads()
-    added, tsync = apply(p, abi)
+    read, unreadable, kept = nvrtc_builtins.read_rules(nvrtc_builtins.find())
+    added, tsync = apply(p, abi, read)
     os.environ[ACTIVE_ENV] = str(os.getpid())
-    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p)
+    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p,
+                     unreadable=unreadable, kept_readable=kept)
     return _report
 
 
