@@ -326,3 +326,45 @@ def test_driver_ptx_loads_refused_cubins_passed_through_the_stand_in_libcuda(tmp
         assert all(e["via"] == "in-process" and "neither a cubin nor a fatbin" in e["what"]
                    for e in strict["events"] if e["event"] == "compile_forbidden")
         assert strict["after_uninstall"] == 0  # lifted in the same process: the stand-in compiles again
+
+
+_C_DLOPEN = r"""
+import ctypes, json, os, sys
+from nojit.loader.strict import guards, inprocess_guard
+mode, how = sys.argv[1:3]
+if mode == "strict":
+    guards.install_strict_guards()
+PTX = b".version 8.0\n.target sm_90\n.address_size 64\n\0"
+libc = ctypes.CDLL(None)
+libc.dlopen.restype = libc.dlsym.restype = ctypes.c_void_p
+libc.dlopen.argtypes, libc.dlsym.argtypes = (ctypes.c_char_p, ctypes.c_int), (ctypes.c_void_p, ctypes.c_char_p)
+if how == "c-dlopen":  # libc's dlopen called directly, as C code's own dlopen would: no ctypes load to rescan after
+    handle = libc.dlopen(b"libcuda.so.1", os.RTLD_NOW)
+else:  # _ctypes.dlopen, the function under ctypes._dlopen, then a CDLL around that handle
+    import _ctypes
+    handle = _ctypes.dlopen("libcuda.so.1", os.RTLD_NOW)
+load = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p)(libc.dlsym(handle, b"cuModuleLoadData"))
+print(json.dumps({"rc": load(ctypes.byref(ctypes.c_void_p()), PTX)}))
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stand-in driver")
+@pytest.mark.parametrize("how", ["c-dlopen", "_ctypes.dlopen"])
+def test_a_driver_reached_without_a_ctypes_load_is_patched_too(tmp_path, how):
+    """The attack: libcuda.so.1 (the stand-in, found through LD_LIBRARY_PATH as the real one is through the loader's
+    path) opened after strict mode went up by libc's own dlopen (as C code does), or by _ctypes.dlopen (which skips
+    ctypes._dlopen's rescan), then PTX handed to its cuModuleLoadData. Refused: strict mode loaded libcuda.so.1 itself
+    at install (patched), and a second dlopen gets that copy; _ctypes.dlopen rescans. Control: strict mode off."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(os.path.dirname(here), "csrc"),
+                    os.path.join(here, "csrc", "fake_libcuda.c"), "-o", str(tmp_path / "libcuda.so.1")], check=True)
+    out = {}
+    for mode in ("off", "strict"):
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl"), "LD_LIBRARY_PATH": str(tmp_path)}
+        proc = subprocess.run([sys.executable, "-c", _C_DLOPEN, mode, how], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])["rc"]
+    assert out == {"off": 0, "strict": 223}, out  # control: the stand-in JIT-compiles; strict: the stub refuses
+    events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("symbol") == "cuModuleLoadData"], events
