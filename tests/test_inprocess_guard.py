@@ -368,3 +368,52 @@ def test_a_driver_reached_without_a_ctypes_load_is_patched_too(tmp_path, how):
     assert out == {"off": 0, "strict": 223}, out  # control: the stand-in JIT-compiles; strict: the stub refuses
     events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
     assert [e for e in events if e.get("symbol") == "cuModuleLoadData"], events
+
+
+_NVVM = r"""
+import ctypes, glob, json, os, sys
+import nvidia.cu13
+from nojit.loader.strict import guards, inprocess_guard
+if sys.argv[1] == "strict":
+    guards.install_strict_guards()
+lib = ctypes.CDLL(sorted(glob.glob(os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libnvvm.so.*")))[0])
+IR = b'''target datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
+target triple = "nvptx64-nvidia-cuda"
+define void @k(float* %x) {
+  store float 1.0, float* %x
+  ret void
+}
+!nvvm.annotations = !{!1}
+!1 = !{void (float*)* @k, !"kernel", i32 1}
+!nvvmir.version = !{!0}
+!0 = !{i32 2, i32 0, i32 3, i32 2}
+'''
+prog = ctypes.c_void_p()
+lib.nvvmCreateProgram(ctypes.byref(prog))
+lib.nvvmAddModuleToProgram(prog, IR, len(IR), b"k")
+rc = lib.nvvmCompileProgram(prog, 1, (ctypes.c_char_p * 1)(b"-arch=compute_90"))
+ptx = b""
+if rc == 0:
+    size = ctypes.c_size_t()
+    lib.nvvmGetCompiledResultSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvvmGetCompiledResult(prog, buf)
+    ptx = buf.value
+print(json.dumps({"rc": rc, "entry": b".entry k" in ptx, "target": b".target sm_90" in ptx}))
+"""
+
+
+def test_nvvm_through_ctypes_is_refused(tmp_path):
+    """The attack: NVVM IR compiled to PTX with a ctypes-loaded libnvvm (loaded after strict mode went up). Control:
+    strict mode off, the same call writes PTX with the kernel's entry for sm_90. Strict: NVVM_ERROR_COMPILATION
+    from the stub, nothing written, an event line."""
+    out = {}
+    for mode in ("off", "strict"):
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl")}
+        proc = subprocess.run([sys.executable, "-c", _NVVM, mode], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["off"] == {"rc": 0, "entry": True, "target": True}, out  # control: NVVM compiles
+    assert out["strict"] == {"rc": 9, "entry": False, "target": False}, out  # NVVM_ERROR_COMPILATION
+    events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("symbol") == "nvvmCompileProgram"], events

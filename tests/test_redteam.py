@@ -261,6 +261,18 @@ def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
     assert control["compiled"]["child_nvrtc"] is True, control
 
 
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None, reason="needs the nvidia-nvjitlink wheel")
+@pytest.mark.xfail(strict=True, reason="hole: a Python child that never installs nojit links PTX to a cubin with a "
+                   "ctypes-loaded nvJitLink; the in-process guards are per process, and unlike NVRTC's builtins "
+                   "nvJitLink cannot be made unreadable to the process tree (torch's libcusparse links it, so every "
+                   "worker's import torch maps it); an environment-carried guard (LD_PRELOAD, sitecustomize) is dropped "
+                   "by a child started with an environment of its own")
+def test_a_python_child_that_never_installs_nojit_cannot_use_nvjitlink(work):
+    r = run_probe(work, "strict", forms="child_nvjitlink,gcc_abs", allow=False)
+    assert r["compiled"]["gcc_abs"] is False  # the same process tree refuses gcc
+    assert r["compiled"]["child_nvjitlink"] is False, r
+
+
 def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp_path):
     """TOCTOU on the pin after open: the pin covers the header and index only; sections and cubins are read later
     by pread from the descriptor opened at open. A writer flipping every byte after the header in place (same
