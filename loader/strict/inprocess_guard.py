@@ -11,18 +11,25 @@ library's own error code and writes the firewall's event line:
 | libnvJitLink.so* | nvJitLinkAddData, nvJitLinkAddFile, nvJitLinkComplete (and their `__..._13_N` versions) | NVJITLINK_ERROR_INVALID_INPUT / _PTX_COMPILE |
 | libnvvm.so* | nvvmCompileProgram | NVVM_ERROR_COMPILATION |
 | libcuda.so* | cuLinkAddData, cuLinkAddFile (and `_v2`): the driver's linker, every input | CUDA_ERROR_JIT_COMPILATION_DISABLED |
+| libcuda.so* | cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary, cuLibraryLoadData, cuModuleLoad, cuLibraryLoadFromFile: an image (or file) that is neither a cubin nor a fatbin | CUDA_ERROR_JIT_COMPILATION_DISABLED |
 
-An exported entry that is only a `jmp` to its body (nvJitLink's and NVVM's are) is followed to the body,
-which is patched instead, so every versioned alias lands in the stub too. Copies loaded later are patched
-when they arrive: after every `ctypes.CDLL` (cuda.bindings and cuda.pathfinder load NVRTC and nvJitLink
-that way) and every extension module import (an extension linked against one of them). Python wrappers
-(`cuda.bindings.nvrtc.nvrtcCompileProgram`, `cuda.bindings.nvjitlink.add_data/add_file/complete`,
-`cuda.bindings.nvvm.compile_program`, `cuda.bindings.driver.cuLinkAddData/cuLinkAddFile`, and
-`cuda.bindings.driver.cuModuleLoadData(Ex)/cuLibraryLoadData` given an image that is neither a cubin nor a
-fatbin: PTX text, Tile IR) raise CompileForbiddenError before reaching C. The exported cuModuleLoadData itself
-is not patched: its cubin loads must go on, and calling the original past a patch would need its first
-instructions relocated; PTX given to it from C is left to CUDA_DISABLE_PTX_JIT. A library loaded later by C code's own dlopen outside those two
-paths is patched only at the next ctypes load, extension import or `rescan()`.
+An exported compiler entry that is only a `jmp` to its body (nvJitLink's and NVVM's are) is followed to the body,
+which is patched instead, so every versioned alias lands in the stub too. The driver's image loaders must go on
+loading cubins: their stubs check the image and call the original through a trampoline of its moved first
+instructions (x86_relocate.py; an entry that is itself only `jmp rel32` is patched with a 5-byte jump to a thunk and
+its stub calls that jump's destination); the file loaders read the file once and hand the bytes to the data
+loader. An entry whose first instructions cannot be moved is left unpatched and named in `skipped`. What libcuda's
+cuGetProcAddress hands out for each guarded name is patched too when it is not the export (cudart, Triton and
+cuda.bindings take entries that way). Copies loaded later are patched when they arrive: after every `ctypes.CDLL`
+and `_ctypes.dlopen` (cuda.bindings and cuda.pathfinder load NVRTC and nvJitLink that way), every extension module
+import (an extension linked against one of them), and cuda.bindings' `cuInit`/`cuGetProcAddress`. Strict mode
+loads `libcuda.so.1` itself at activate() (no cuInit), so a later dlopen of it from C gets the patched copy. Python
+wrappers (`cuda.bindings.nvrtc.nvrtcCompileProgram`, `cuda.bindings.nvjitlink.add_data/add_file/complete`,
+`cuda.bindings.nvvm.compile_program`, `cuda.bindings.driver.cuLinkAddData/cuLinkAddFile`, and the image loaders of
+`cuda.bindings.driver` given an image or file that is neither a cubin nor a fatbin) raise CompileForbiddenError
+before reaching C. Another compiler library loaded later by C code's own dlopen is patched only at the next ctypes
+load, extension import or `rescan()`. Patching an entry while another thread runs its first bytes is not safe:
+activate() runs before CUDA is used (vLLM's plugin), and later copies are patched as they load.
 
 The driver's PTX JIT: `CUDA_DISABLE_PTX_JIT=1` is set here, before CUDA initializes when install() runs
 where vLLM's plugin runs it (workers: vllm/v1/worker/worker_base.py:289, `init_worker`, before the worker class
