@@ -112,6 +112,7 @@ _state: dict[str, Any] = {"active": False, "adds": -1, "fd": -1, "env": None, "r
 _patches: dict[int, tuple[bytes, str, str]] = {}  # address -> (original code, library, symbol)
 _exports: dict[tuple[str, str], int] = {}  # (library path, symbol) -> its address, for each guarded library
 _slots: dict[str, int] = {}  # loader stub -> slots used
+_pending_proc: set[str] = set()  # libcuda copies whose cuGetProcAddress answered "not initialized"
 _seen: set[tuple[str, int]] = set()  # (library path, load bias) already scanned
 _restore: list[tuple[Any, str, Any]] = []
 _wrapped: set[tuple[str, str]] = set()  # (module, attribute) of _WRAPPERS replaced now
@@ -270,7 +271,11 @@ def _patch_proc_addresses(path: str, report: InprocessReport) -> None:
     for name in _PROC_NAMES:
         for abi in sorted({v for v in (12000, 13000, driver.value) if v <= driver.value}):
             pfn, status = ctypes.c_void_p(0), ctypes.c_int(0)
-            if lookup(name.encode(), ctypes.byref(pfn), abi, 0, ctypes.byref(status)) != 0 or not pfn.value:
+            rc = lookup(name.encode(), ctypes.byref(pfn), abi, 0, ctypes.byref(status))
+            if rc == 3:  # CUDA_ERROR_NOT_INITIALIZED: asked again at the next rescan (torch's CUDA init, cuInit)
+                _pending_proc.add(path)
+                return
+            if rc != 0 or not pfn.value:
                 continue
             address = pfn.value if name in _DATA_LOADERS or name in _FILE_LOADERS else _body(pfn.value)
             if address not in _patches:
@@ -288,6 +293,9 @@ def rescan() -> InprocessReport | None:
                 report.skipped.append(f"{platform.machine()}: entries not patched (x86-64 only); Python wrappers only")
             return report
         native = _native()
+        for path in sorted(_pending_proc):
+            _pending_proc.discard(path)
+            _patch_proc_addresses(path, report)
         if native.adds() == _state["adds"]:
             return report
         adds, objects = native.loaded()
@@ -545,6 +553,7 @@ def deactivate() -> None:
         _patches.clear()
         _seen.clear()
         _exports.clear()
+        _pending_proc.clear()
         _slots.clear()  # trampolines stay mapped: a thread may still be running one
         while _restore:
             obj, name, value = _restore.pop()

@@ -59,8 +59,8 @@ if mode in ("strict", "late"):
 if cuda is None:
     cuda = ctypes.CDLL("libcuda.so.1")
     out["cuInit"] = cuda.cuInit(0)
-if inprocess_guard.report() is not None:
-    inprocess_guard.rescan()
+if inprocess_guard.report() is not None:  # no rescan here: a ctypes caller's own cuInit triggers none
+    out["proc_pending"] = sorted(inprocess_guard._pending_proc)  # cuGetProcAddress said "not initialized" at install
     out["patched"] = [os.path.basename(l) + ":" + s for l, s in inprocess_guard.report().patched]
     out["skipped"] = inprocess_guard.report().skipped
 dev, ctx = ctypes.c_int(), ctypes.c_void_p()
