@@ -93,11 +93,18 @@ def _cc1(work) -> str:
     return os.path.realpath((work / "cc1").read_text().strip())
 
 
-def run_probe(work, mode: str, user=None, forms: str = "", xdg: str = "xdg", allow: bool = True) -> dict:
+def run_probe(work, mode: str, user=None, forms: str = "", xdg: str = "xdg", allow: bool = True,
+              apart: bool = False) -> dict:
+    """`apart`: working, home and temporary folders of the probe's own (work/), so that none is above the Python
+    environment's NVRTC builtins (a copy below one is left readable: nvrtc_builtins.py), wherever the suite runs."""
     for p in work.glob("out_*"):
         p.unlink()
     env = {**os.environ, "NOJIT_MODE": mode, "XDG_RUNTIME_DIR": str(work / xdg),
            "NOJIT_EVENT_LOG": str(work / "events.jsonl"), "REDTEAM_FORMS": forms}
+    if apart:
+        for name in ("home", "tmp"):
+            (work / name).mkdir(mode=0o700, exist_ok=True)
+        env.update(HOME=str(work / "home"), TMPDIR=str(work / "tmp"))
     env.pop("NOJIT_EXEC_ALLOW", None)
     if allow:  # overwrite_allowed_file leaves cc1's bytes in allowed/tool
         shutil.copy("/bin/true", work / "allowed" / "tool")
@@ -107,7 +114,7 @@ def run_probe(work, mode: str, user=None, forms: str = "", xdg: str = "xdg", all
     for name in ("NOJIT_FIREWALL_DIR", landlock.ACTIVE_ENV):
         env.pop(name, None)
     p = subprocess.run([str(work / "venv" / "bin" / "python"), PROBE, str(work / "b.nojit"), str(work)],
-                       capture_output=True, text=True, env=env, timeout=600)
+                       capture_output=True, text=True, env=env, timeout=600, cwd=str(work) if apart else None)
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, f"the probe printed no result (exit {p.returncode})\n{p.stderr[-3000:]}"
     result = json.loads(lines[-1][len("RESULT "):])
@@ -256,11 +263,11 @@ def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
     with a ctypes-loaded libnvrtc. Now NVRTC's builtins library (which NVRTC opens only to compile) cannot be read by
     any process of the strict tree (Landlock, loader/strict/nvrtc_builtins.py): the child's compile fails. Control:
     the same child compiles in permissive mode. (nvJitLink and the driver's PTX JIT in such a child: README.)"""
-    r = run_probe(work, "strict", forms="child_nvrtc,gcc_abs", allow=False)
+    r = run_probe(work, "strict", forms="child_nvrtc,gcc_abs", allow=False, apart=True)
     assert r["compiled"]["gcc_abs"] is False  # the child's process compilers are refused
     assert r["compiled"]["child_nvrtc"] is False, r
     assert "NVRTC builtins unreadable" in r["summary"], r["summary"]
-    control = run_probe(work, "permissive", forms="child_nvrtc", allow=False)
+    control = run_probe(work, "permissive", forms="child_nvrtc", allow=False, apart=True)
     assert control["compiled"]["child_nvrtc"] is True, control
 
 
@@ -271,7 +278,7 @@ def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
                    "worker's import torch maps it); an environment-carried guard (LD_PRELOAD, sitecustomize) is dropped "
                    "by a child started with an environment of its own")
 def test_a_python_child_that_never_installs_nojit_cannot_use_nvjitlink(work):
-    r = run_probe(work, "strict", forms="child_nvjitlink,gcc_abs", allow=False)
+    r = run_probe(work, "strict", forms="child_nvjitlink,gcc_abs", allow=False, apart=True)
     assert r["compiled"]["gcc_abs"] is False  # the same process tree refuses gcc
     assert r["compiled"]["child_nvjitlink"] is False, r
 
