@@ -7,10 +7,11 @@
  * refuse, and are called from C (torch links libnvrtc, cuda.bindings dlopens it) as well as from
  * Python. So strict mode (loader/strict/inprocess_guard.py) overwrites the first 14 bytes of each
  * exported compile entry of every loaded copy with `jmp [rip+0]; .quad stub`: whoever calls it,
- * through whatever pointer (dlsym, a GOT slot, a ctypes handle), lands here. A stub never calls
- * the original (nothing it refuses has a legitimate caller in the serving process), so no
- * instruction of the library needs relocating. It returns the library's own error code, writes one
- * JSON line to the event log descriptor opened at install, and counts the refusal.
+ * through whatever pointer (dlsym, a GOT slot, a ctypes handle), lands here. A compiler's stub never
+ * calls the original (nothing it refuses has a legitimate caller in the serving process). It returns
+ * the library's own error code, writes one JSON line to the event log descriptor opened at install,
+ * and counts the refusal. The driver's image loaders are the exception: their stubs check the image
+ * and pass a cubin or a fatbin on to the original (below).
  *
  * `patch` keeps the original bytes; `unpatch` puts them back (uninstall, tests). The page is made
  * writable only for the copy (RWX where allowed, else RW, then R-X again).
@@ -22,12 +23,15 @@
 #define _GNU_SOURCE
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <fcntl.h>
 #include <link.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -96,6 +100,133 @@ static int stub_cuLinkAddFile(void *state, int type, const char *path, unsigned 
   return CUDA_ERROR_JIT_COMPILATION_DISABLED;
 }
 
+/* ---- The driver's image loaders: a cubin (ELF) or a fatbin goes on to the driver, anything else (PTX text,
+ * NVVM IR, Tile IR) is refused. CUDA_DISABLE_PTX_JIT=1 stops only PTX inside a fatbin: a raw PTX image given to
+ * cuModuleLoadData is JIT-compiled all the same (seen on the H200, driver 580). The loaders that take data call the
+ * original through a trampoline (its first instructions moved by loader/strict/x86_relocate.py); those that take
+ * a path read the file once, check those bytes and hand them to the data loader, so the file cannot change between
+ * the check and the load. Each loader has SLOTS stubs, one per patched copy of the entry (another libcuda copy,
+ * or a different function cuGetProcAddress hands out), each with its own original. */
+#define SLOTS 4
+#define CU_LIBRARY_BINARY_IS_PRESERVED 1
+enum { CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_FILE_NOT_FOUND = 301 };
+typedef int (*load_data_t)(void **, const void *);
+typedef int (*load_data_ex_t)(void **, const void *, unsigned, void *, void **);
+typedef int (*library_load_data_t)(void **, const void *, void *, void **, unsigned, int *, void **, unsigned);
+enum { K_LOAD_DATA, K_LOAD_DATA_EX, K_LOAD_FATBINARY, K_LIBRARY_LOAD_DATA, K_LOAD_FILE, K_LIBRARY_LOAD_FILE, K_COUNT };
+static void *volatile target[K_COUNT][SLOTS]; /* the original (data loaders) or the data loader to hand bytes to */
+
+static int image_allowed(const void *image) {
+  if (image == NULL) return 1; /* the driver answers CUDA_ERROR_INVALID_VALUE */
+  const unsigned char *p = image;
+  if (memcmp(p, "\x7f" "ELF", 4) == 0 || memcmp(p, "\x50\xed\x55\xba", 4) == 0) return 1; /* cubin, fatbin */
+  if (memcmp(p, "\xb1\x43\x62\x46", 4) == 0) { /* a fatbin wrapper (magic, version, data): its data a fatbin */
+    const unsigned char *data = *(const unsigned char *const *)(p + 8);
+    return data != NULL && memcmp(data, "\x50\xed\x55\xba", 4) == 0;
+  }
+  return 0;
+}
+
+static int refuse_image(const char *symbol) {
+  char what[256];
+  snprintf(what, sizeof what, "the CUDA driver (%s) was about to JIT-compile an image that is neither a cubin nor "
+           "a fatbin (PTX, NVVM IR or Tile IR) in this process", symbol);
+  refuse(symbol, what);
+  return CUDA_ERROR_JIT_COMPILATION_DISABLED;
+}
+
+/* The whole of a regular file, read through one descriptor (NULL with *rc set on failure). */
+static unsigned char *read_whole(const char *path, int *rc) {
+  if (path == NULL) { *rc = CUDA_ERROR_INVALID_VALUE; return NULL; }
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 4 || st.st_size > (1LL << 31)) {
+    if (fd >= 0) close(fd);
+    *rc = CUDA_ERROR_FILE_NOT_FOUND;
+    return NULL;
+  }
+  unsigned char *buf = malloc((size_t)st.st_size + 1);
+  size_t got = 0;
+  while (buf != NULL && got < (size_t)st.st_size) {
+    ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  close(fd);
+  if (buf == NULL || got != (size_t)st.st_size) {
+    free(buf);
+    *rc = buf == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_FILE_NOT_FOUND;
+    return NULL;
+  }
+  buf[got] = 0; /* PTX text is read as a C string by the driver */
+  return buf;
+}
+
+static int load_data(int slot, void **module, const void *image) {
+  if (!image_allowed(image)) return refuse_image("cuModuleLoadData");
+  return ((load_data_t)target[K_LOAD_DATA][slot])(module, image);
+}
+static int load_data_ex(int slot, void **module, const void *image, unsigned n, void *options, void **values) {
+  if (!image_allowed(image)) return refuse_image("cuModuleLoadDataEx");
+  return ((load_data_ex_t)target[K_LOAD_DATA_EX][slot])(module, image, n, options, values);
+}
+static int load_fatbinary(int slot, void **module, const void *image) {
+  if (!image_allowed(image)) return refuse_image("cuModuleLoadFatBinary");
+  return ((load_data_t)target[K_LOAD_FATBINARY][slot])(module, image);
+}
+static int library_load_data(int slot, void **library, const void *code, void *jo, void **jv, unsigned nj, int *lo,
+                             void **lv, unsigned nl) {
+  if (!image_allowed(code)) return refuse_image("cuLibraryLoadData");
+  return ((library_load_data_t)target[K_LIBRARY_LOAD_DATA][slot])(library, code, jo, jv, nj, lo, lv, nl);
+}
+static int load_file(int slot, void **module, const char *path) {
+  int rc = 0;
+  unsigned char *image = read_whole(path, &rc);
+  if (image == NULL) return rc;
+  rc = image_allowed(image) ? ((load_data_t)target[K_LOAD_FILE][slot])(module, image) : refuse_image("cuModuleLoad");
+  free(image); /* the driver keeps its own copy of a loaded image */
+  return rc;
+}
+static int library_load_file(int slot, void **library, const char *path, void *jo, void **jv, unsigned nj, int *lo,
+                             void **lv, unsigned nl) {
+  for (unsigned i = 0; lo != NULL && i < nl; i++)
+    if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED) return CUDA_ERROR_INVALID_VALUE; /* invalid with a file (cuda.h) */
+  int rc = 0;
+  unsigned char *code = read_whole(path, &rc);
+  if (code == NULL) return rc;
+  rc = image_allowed(code)
+           ? ((library_load_data_t)target[K_LIBRARY_LOAD_FILE][slot])(library, code, jo, jv, nj, lo, lv, nl)
+           : refuse_image("cuLibraryLoadFromFile");
+  free(code);
+  return rc;
+}
+
+#define LOADER_STUBS(S)                                                                                         \
+  static int stub_load_data_##S(void **m, const void *i) { return load_data(S, m, i); }                        \
+  static int stub_load_data_ex_##S(void **m, const void *i, unsigned n, void *o, void **v) {                   \
+    return load_data_ex(S, m, i, n, o, v);                                                                      \
+  }                                                                                                             \
+  static int stub_load_fatbinary_##S(void **m, const void *i) { return load_fatbinary(S, m, i); }              \
+  static int stub_library_load_data_##S(void **l, const void *c, void *jo, void **jv, unsigned nj, int *lo,    \
+                                        void **lv, unsigned nl) {                                               \
+    return library_load_data(S, l, c, jo, jv, nj, lo, lv, nl);                                                  \
+  }                                                                                                             \
+  static int stub_load_file_##S(void **m, const char *p) { return load_file(S, m, p); }                        \
+  static int stub_library_load_file_##S(void **l, const char *p, void *jo, void **jv, unsigned nj, int *lo,    \
+                                        void **lv, unsigned nl) {                                               \
+    return library_load_file(S, l, p, jo, jv, nj, lo, lv, nl);                                                  \
+  }
+LOADER_STUBS(0)
+LOADER_STUBS(1)
+LOADER_STUBS(2)
+LOADER_STUBS(3)
+#define LOADER_ROW(S)                                                                                           \
+  {(void *)stub_load_data_##S, (void *)stub_load_data_ex_##S, (void *)stub_load_fatbinary_##S,                  \
+   (void *)stub_library_load_data_##S, (void *)stub_load_file_##S, (void *)stub_library_load_file_##S}
+static void *const loader_stubs[SLOTS][K_COUNT] = {LOADER_ROW(0), LOADER_ROW(1), LOADER_ROW(2), LOADER_ROW(3)};
+static const char *const loader_names[K_COUNT] = {"cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
+                                                  "cuLibraryLoadData", "cuModuleLoad", "cuLibraryLoadFromFile"};
+
 static const struct {
   const char *name;
   void *address;
@@ -121,28 +252,100 @@ static int write_code(unsigned char *at, const unsigned char *code, size_t len) 
   return mprotect((void *)lo, hi - lo, PROT_READ | PROT_EXEC);
 }
 
+/* patch(address, stub[, slot, target, thunk]): jump from `address` to a refusing stub by name, or to a loader stub
+ * (loader_names) in `slot` whose `target` is the original's trampoline (data loaders) or the data loader to hand
+ * file bytes to. With a `thunk` page (from trampoline_alloc, near `address`) only 5 bytes are written, `jmp rel32`
+ * to the thunk, which jumps on to the stub: for an entry that is itself only a 5-byte jump. Returns the bytes
+ * overwritten (14 or 5). */
 static PyObject *py_patch(PyObject *self, PyObject *args) {
-  unsigned long long address;
+  unsigned long long address, to = 0, thunk = 0;
   const char *stub;
-  if (!PyArg_ParseTuple(args, "Ks", &address, &stub)) return NULL;
-  void *target = NULL;
+  int slot = -1;
+  if (!PyArg_ParseTuple(args, "Ks|iKK", &address, &stub, &slot, &to, &thunk)) return NULL;
+  void *dest = NULL;
   for (size_t i = 0; i < sizeof stubs / sizeof stubs[0]; i++)
-    if (strcmp(stubs[i].name, stub) == 0) target = stubs[i].address;
-  if (target == NULL) {
+    if (strcmp(stubs[i].name, stub) == 0) dest = stubs[i].address;
+  for (int k = 0; dest == NULL && k < K_COUNT; k++) {
+    if (strcmp(loader_names[k], stub) != 0) continue;
+    if (slot < 0 || slot >= SLOTS || to == 0) {
+      PyErr_Format(PyExc_ValueError, "loader stub %s needs a slot in 0..%d and a target", stub, SLOTS - 1);
+      return NULL;
+    }
+    target[k][slot] = (void *)(uintptr_t)to;
+    dest = loader_stubs[slot][k];
+  }
+  if (dest == NULL) {
     PyErr_Format(PyExc_ValueError, "no refusing stub named %s", stub);
     return NULL;
   }
   unsigned char *at = (unsigned char *)(uintptr_t)address;
-  PyObject *original = PyBytes_FromStringAndSize((const char *)at, PATCH_LEN);
-  if (original == NULL) return NULL;
   unsigned char code[PATCH_LEN] = {0xff, 0x25, 0, 0, 0, 0}; /* jmp qword ptr [rip+0] */
-  uint64_t dest = (uint64_t)(uintptr_t)target;
-  memcpy(code + 6, &dest, sizeof dest);
-  if (write_code(at, code, PATCH_LEN) != 0) {
+  uint64_t jump_to = (uint64_t)(uintptr_t)dest;
+  memcpy(code + 6, &jump_to, sizeof jump_to);
+  size_t len = PATCH_LEN;
+  if (thunk != 0) {
+    long long rel = (long long)thunk - (long long)(address + 5);
+    long page = sysconf(_SC_PAGESIZE);
+    if (rel < INT32_MIN || rel > INT32_MAX || (thunk & (unsigned long long)(page - 1)) != 0) {
+      PyErr_SetString(PyExc_ValueError, "the thunk must be a page of its own within rel32 reach");
+      return NULL;
+    }
+    memcpy((void *)(uintptr_t)thunk, code, PATCH_LEN);
+    __builtin___clear_cache((char *)(uintptr_t)thunk, (char *)(uintptr_t)thunk + PATCH_LEN);
+    if (mprotect((void *)(uintptr_t)thunk, (size_t)page, PROT_READ | PROT_EXEC) != 0)
+      return PyErr_SetFromErrno(PyExc_OSError);
+    int32_t rel32 = (int32_t)rel;
+    code[0] = 0xe9;
+    memcpy(code + 1, &rel32, sizeof rel32);
+    len = 5;
+  }
+  PyObject *original = PyBytes_FromStringAndSize((const char *)at, (Py_ssize_t)len);
+  if (original == NULL) return NULL;
+  if (write_code(at, code, len) != 0) {
     Py_DECREF(original);
     return PyErr_SetFromErrno(PyExc_OSError);
   }
   return original;
+}
+
+/* A page for a trampoline within +-1.5 GiB of `near`, so that the moved instructions' 32-bit RIP-relative
+ * operands still reach (0 if none could be mapped there). */
+static PyObject *py_trampoline_alloc(PyObject *self, PyObject *args) {
+  unsigned long long near;
+  if (!PyArg_ParseTuple(args, "K", &near)) return NULL;
+  long page = sysconf(_SC_PAGESIZE);
+  uintptr_t base = (uintptr_t)near & ~(uintptr_t)(page - 1);
+  for (uintptr_t step = 1; step <= 1536; step++) {
+    for (int side = 0; side < 2; side++) {
+      uintptr_t delta = step << 20;
+      if (side == 0 && base < delta + (1u << 20)) continue;
+      uintptr_t hint = side == 0 ? base - delta : base + delta;
+      void *p = mmap((void *)hint, (size_t)page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE,
+                     -1, 0);
+      if (p == MAP_FAILED) continue;
+      if ((uintptr_t)p == hint) return PyLong_FromUnsignedLongLong((unsigned long long)hint);
+      munmap(p, (size_t)page); /* a kernel without MAP_FIXED_NOREPLACE took it as a hint */
+    }
+  }
+  return PyLong_FromLong(0);
+}
+
+/* trampoline_write(address, code): the moved instructions into the page trampoline_alloc gave, then R-X. */
+static PyObject *py_trampoline_write(PyObject *self, PyObject *args) {
+  unsigned long long address;
+  const char *code;
+  Py_ssize_t len;
+  if (!PyArg_ParseTuple(args, "Ky#", &address, &code, &len)) return NULL;
+  long page = sysconf(_SC_PAGESIZE);
+  if (len <= 0 || len > page || (address & (unsigned long long)(page - 1)) != 0) {
+    PyErr_SetString(PyExc_ValueError, "a trampoline is at most one page, at the start of a page of its own");
+    return NULL;
+  }
+  memcpy((void *)(uintptr_t)address, code, (size_t)len);
+  __builtin___clear_cache((char *)(uintptr_t)address, (char *)(uintptr_t)address + len);
+  if (mprotect((void *)(uintptr_t)address, (size_t)page, PROT_READ | PROT_EXEC) != 0)
+    return PyErr_SetFromErrno(PyExc_OSError);
+  Py_RETURN_NONE;
 }
 
 static PyObject *py_unpatch(PyObject *self, PyObject *args) {
@@ -150,11 +353,11 @@ static PyObject *py_unpatch(PyObject *self, PyObject *args) {
   const char *original;
   Py_ssize_t len;
   if (!PyArg_ParseTuple(args, "Ky#", &address, &original, &len)) return NULL;
-  if (len != PATCH_LEN) {
-    PyErr_SetString(PyExc_ValueError, "original code must be the 14 bytes patch() returned");
+  if (len != PATCH_LEN && len != 5) {
+    PyErr_SetString(PyExc_ValueError, "original code must be the bytes patch() returned (14 or 5)");
     return NULL;
   }
-  if (write_code((unsigned char *)(uintptr_t)address, (const unsigned char *)original, PATCH_LEN) != 0)
+  if (write_code((unsigned char *)(uintptr_t)address, (const unsigned char *)original, (size_t)len) != 0)
     return PyErr_SetFromErrno(PyExc_OSError);
   Py_RETURN_NONE;
 }
@@ -209,7 +412,10 @@ static PyObject *py_adds(PyObject *self, PyObject *noargs) {
 }
 
 static PyMethodDef methods[] = {
-    {"patch", py_patch, METH_VARARGS, "patch(address, stub) -> original bytes: jump from address to the named stub"},
+    {"patch", py_patch, METH_VARARGS,
+     "patch(address, stub[, slot, target]) -> original bytes: jump from address to the named stub"},
+    {"trampoline_alloc", py_trampoline_alloc, METH_VARARGS, "trampoline_alloc(near) -> a page near `near` (0: none)"},
+    {"trampoline_write", py_trampoline_write, METH_VARARGS, "trampoline_write(page, code): write, then make R-X"},
     {"unpatch", py_unpatch, METH_VARARGS, "unpatch(address, original): put the original code back"},
     {"set_log_fd", py_set_log_fd, METH_VARARGS, "set_log_fd(fd): where refusals append their event line (-1: none)"},
     {"refusals", py_refusals, METH_NOARGS, "refusals() -> how many calls the stubs refused"},
@@ -224,5 +430,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_inproc", "nojit's r
 PyMODINIT_FUNC PyInit__inproc(void) {
   PyObject *m = PyModule_Create(&module);
   if (m != NULL) PyModule_AddIntConstant(m, "PATCH_LEN", PATCH_LEN);
+  if (m != NULL) PyModule_AddIntConstant(m, "SLOTS", SLOTS);
   return m;
 }

@@ -207,6 +207,33 @@ def child_nvrtc() -> None:
         open(out("child_nvrtc"), "w").close()
 
 
+_NVJITLINK_CHILD = r"""
+import ctypes, glob, os, sys
+import nvidia.cu13
+lib = ctypes.CDLL(sorted(glob.glob(os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libnvJitLink.so.*")))[0])
+ptx = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u64 x) { ret; }\n"
+handle = ctypes.c_void_p()
+lib.nvJitLinkCreate(ctypes.byref(handle), 1, (ctypes.c_char_p * 1)(b"-arch=sm_90"))
+if lib.nvJitLinkAddData(handle, 2, ptx, len(ptx), b"k.ptx") == 0 and lib.nvJitLinkComplete(handle) == 0:
+    size = ctypes.c_size_t()
+    lib.nvJitLinkGetLinkedCubinSize(handle, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvJitLinkGetLinkedCubin(handle, buf)
+    if buf.raw[:4] == b"\x7fELF":
+        open(sys.argv[1], "w").close()
+"""
+
+
+def child_nvjitlink() -> None:
+    """A Python child that never installs nojit links hand-written PTX to an sm_90 cubin with a ctypes-loaded
+    nvJitLink (torch needs that library: libcusparse links it, so Landlock cannot make it unreadable)."""
+    import importlib.util
+
+    if importlib.util.find_spec("nvidia") is None:
+        return
+    subprocess.run([sys.executable, "-c", _NVJITLINK_CHILD, out("child_nvjitlink")], capture_output=True)
+
+
 def gcc_abs() -> None:
     libc.system(f"/usr/bin/gcc -S {src} -o {out('gcc_abs')} 2>/dev/null".encode())
 
@@ -246,7 +273,7 @@ forms = {name: fn for name, fn in list(globals().items())
          if name in ("memfd_execveat", "memfd_proc_path", "fd_of_cc1_execveat", "opath_of_cc1_proc",
                      "copy_after_install", "hardlink_after_install", "overwrite_allowed_file", "shebang_gcc",
                      "spawnp_reset_path", "ld_so_gcc_driver", "gcc_abs",
-                     "others_file_in_allowed", "others_folder_in_tree", "child_nvrtc",
+                     "others_file_in_allowed", "others_folder_in_tree", "child_nvrtc", "child_nvjitlink",
                      "thread_before_install")}
 only = os.environ.get("REDTEAM_FORMS")
 forms = {n: f for n, f in forms.items() if not only or n in only.split(",")}

@@ -238,3 +238,182 @@ def test_nvrtc_loaded_by_an_extension_import_after_strict_mode_is_refused(tmp_pa
     assert out["strict"] == [6, 0], out  # NVRTC_ERROR_COMPILATION from the stub
     events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
     assert [e for e in events if e.get("symbol") == "nvrtcCompileProgram"], events
+
+
+_DRIVER_LOADS = r"""
+import ctypes, json, os, sys
+from nojit.loader.strict import guards, inprocess_guard
+mode, lib_path, work = sys.argv[1:4]
+P = ctypes.POINTER(ctypes.c_void_p)
+if mode == "early":  # the driver loaded and its cuGetProcAddress pointer taken before strict mode went up
+    cuda = ctypes.CDLL(lib_path)
+if mode in ("strict", "early"):
+    guards.install_strict_guards()
+cuda = ctypes.CDLL(lib_path)  # (again) after strict mode: patched on arrival
+PTX = b".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k() { ret; }\n\0"
+CUBIN = b"\x7fELF" + bytes(60)
+out = {}
+for kind, image in (("ptx", PTX), ("cubin", CUBIN)):
+    path = os.path.join(work, "k." + kind)
+    with open(path, "wb") as f:
+        f.write(image)
+    def attempt(fn, *args):
+        m = ctypes.c_void_p()
+        return fn(ctypes.byref(m), *args)
+    pfn, status = ctypes.c_void_p(), ctypes.c_int()
+    cuda.cuGetProcAddress_v2(b"cuModuleLoadData", ctypes.byref(pfn), 12000, 0, ctypes.byref(status))
+    out["procaddr_is_export"] = pfn.value == ctypes.cast(cuda.cuModuleLoadData, ctypes.c_void_p).value
+    load = ctypes.CFUNCTYPE(ctypes.c_int, P, ctypes.c_char_p)(pfn.value)
+    out[kind] = {
+        "cuModuleLoadData": attempt(cuda.cuModuleLoadData, image),
+        "cuModuleLoadDataEx": attempt(cuda.cuModuleLoadDataEx, image, 0, None, None),
+        "cuModuleLoadFatBinary": attempt(cuda.cuModuleLoadFatBinary, image),
+        "cuLibraryLoadData": attempt(cuda.cuLibraryLoadData, image, None, None, 0, None, None, 0),
+        "cuModuleLoad": attempt(cuda.cuModuleLoad, path.encode()),
+        "cuLibraryLoadFromFile": attempt(cuda.cuLibraryLoadFromFile, path.encode(), None, None, 0, None, None, 0),
+        "procaddr": attempt(load, image),
+    }
+out["jit_compiles"] = cuda.fake_jit_compiles()
+report = inprocess_guard.report()
+out["c_refusals"] = inprocess_guard.refusals() if report is not None else 0
+out["skipped"] = report.skipped if report is not None else []
+if report is not None:
+    guards.deactivate()
+    out["after_uninstall"] = attempt(cuda.cuModuleLoadData, PTX)
+print(json.dumps(out))
+"""
+LOADERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuModuleLoad",
+           "cuLibraryLoadFromFile", "procaddr")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stand-in driver")
+@pytest.mark.parametrize("opt", ["-O0", "-O2"])
+def test_driver_ptx_loads_refused_cubins_passed_through_the_stand_in_libcuda(tmp_path, opt):
+    """The attack: PTX text handed to each of libcuda's image loaders through ctypes (cuModuleLoadData, ...Ex,
+    ...FatBinary, cuLibraryLoadData), a .ptx file to cuModuleLoad and cuLibraryLoadFromFile, and the PTX load through
+    the function cuGetProcAddress hands out (the stand-in hands out a function of its own, not the export, as a
+    driver may), the driver loaded after strict mode and before it. Control: with strict mode off the stand-in
+    JIT-compiles every one (it counts). Under strict mode each answers CUDA_ERROR_JIT_COMPILATION_DISABLED with an
+    event line naming the entry, nothing is compiled, and a cubin still loads through every one of them (through the
+    trampoline to the original: the stand-in built at -O0 and -O2 gives different first instructions)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", opt, "-I", os.path.join(os.path.dirname(here), "csrc"),
+                    os.path.join(here, "csrc", "fake_libcuda.c"), "-o", str(lib)], check=True)
+    out = {}
+    for mode in ("off", "strict", "early"):
+        log = tmp_path / f"{mode}.jsonl"
+        work = tmp_path / mode
+        work.mkdir()
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(log), "FAKE_CUDA_PARAM_SIZES": "8"}
+        proc = subprocess.run([sys.executable, "-c", _DRIVER_LOADS, mode, str(lib), str(work)], capture_output=True,
+                              text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        out[mode]["events"] = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    off = out["off"]
+    assert off["procaddr_is_export"] is False  # the stand-in's cuGetProcAddress hands out another function
+    assert off["ptx"] == dict.fromkeys(LOADERS, 0) and off["jit_compiles"] == len(LOADERS), off  # control: compiled
+    assert off["cubin"] == dict.fromkeys(LOADERS, 0), off
+    for mode in ("strict", "early"):
+        strict = out[mode]
+        assert strict["skipped"] == [], strict
+        assert strict["ptx"] == dict.fromkeys(LOADERS, 223), (mode, strict)  # CUDA_ERROR_JIT_COMPILATION_DISABLED
+        assert strict["jit_compiles"] == 0 and strict["c_refusals"] == len(LOADERS), (mode, strict)
+        assert strict["cubin"] == dict.fromkeys(LOADERS, 0), (mode, strict)  # a cubin goes on to the driver
+        refused = sorted(e["symbol"] for e in strict["events"] if e["event"] == "compile_forbidden")
+        assert refused == sorted([*LOADERS[:-1], "cuModuleLoadData"]), (mode, strict["events"])
+        assert all(e["via"] == "in-process" and "neither a cubin nor a fatbin" in e["what"]
+                   for e in strict["events"] if e["event"] == "compile_forbidden")
+        assert strict["after_uninstall"] == 0  # lifted in the same process: the stand-in compiles again
+
+
+_C_DLOPEN = r"""
+import ctypes, json, os, sys
+from nojit.loader.strict import guards, inprocess_guard
+mode, how = sys.argv[1:3]
+if mode == "strict":
+    guards.install_strict_guards()
+PTX = b".version 8.0\n.target sm_90\n.address_size 64\n\0"
+libc = ctypes.CDLL(None)
+libc.dlopen.restype = libc.dlsym.restype = ctypes.c_void_p
+libc.dlopen.argtypes, libc.dlsym.argtypes = (ctypes.c_char_p, ctypes.c_int), (ctypes.c_void_p, ctypes.c_char_p)
+if how == "c-dlopen":  # libc's dlopen called directly, as C code's own dlopen would: no ctypes load to rescan after
+    handle = libc.dlopen(b"libcuda.so.1", os.RTLD_NOW)
+else:  # _ctypes.dlopen, the function under ctypes._dlopen, then a CDLL around that handle
+    import _ctypes
+    handle = _ctypes.dlopen("libcuda.so.1", os.RTLD_NOW)
+load = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p)(libc.dlsym(handle, b"cuModuleLoadData"))
+print(json.dumps({"rc": load(ctypes.byref(ctypes.c_void_p()), PTX)}))
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stand-in driver")
+@pytest.mark.parametrize("how", ["c-dlopen", "_ctypes.dlopen"])
+def test_a_driver_reached_without_a_ctypes_load_is_patched_too(tmp_path, how):
+    """The attack: libcuda.so.1 (the stand-in, found through LD_LIBRARY_PATH as the real one is through the loader's
+    path) opened after strict mode went up by libc's own dlopen (as C code does), or by _ctypes.dlopen (which skips
+    ctypes._dlopen's rescan), then PTX handed to its cuModuleLoadData. Refused: strict mode loaded libcuda.so.1 itself
+    at install (patched), and a second dlopen gets that copy; _ctypes.dlopen rescans. Control: strict mode off."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(os.path.dirname(here), "csrc"),
+                    os.path.join(here, "csrc", "fake_libcuda.c"), "-o", str(tmp_path / "libcuda.so.1")], check=True)
+    out = {}
+    for mode in ("off", "strict"):
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl"), "LD_LIBRARY_PATH": str(tmp_path)}
+        proc = subprocess.run([sys.executable, "-c", _C_DLOPEN, mode, how], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])["rc"]
+    assert out == {"off": 0, "strict": 223}, out  # control: the stand-in JIT-compiles; strict: the stub refuses
+    events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("symbol") == "cuModuleLoadData"], events
+
+
+_NVVM = r"""
+import ctypes, glob, json, os, sys
+import nvidia.cu13
+from nojit.loader.strict import guards, inprocess_guard
+if sys.argv[1] == "strict":
+    guards.install_strict_guards()
+lib = ctypes.CDLL(sorted(glob.glob(os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libnvvm.so.*")))[0])
+IR = b'''target datalayout = "e-i64:64-i128:128-v16:16-v32:32-n16:32:64"
+target triple = "nvptx64-nvidia-cuda"
+define void @k(float* %x) {
+  store float 1.0, float* %x
+  ret void
+}
+!nvvm.annotations = !{!1}
+!1 = !{void (float*)* @k, !"kernel", i32 1}
+!nvvmir.version = !{!0}
+!0 = !{i32 2, i32 0, i32 3, i32 2}
+'''
+prog = ctypes.c_void_p()
+lib.nvvmCreateProgram(ctypes.byref(prog))
+lib.nvvmAddModuleToProgram(prog, IR, len(IR), b"k")
+rc = lib.nvvmCompileProgram(prog, 1, (ctypes.c_char_p * 1)(b"-arch=compute_90"))
+ptx = b""
+if rc == 0:
+    size = ctypes.c_size_t()
+    lib.nvvmGetCompiledResultSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvvmGetCompiledResult(prog, buf)
+    ptx = buf.value
+print(json.dumps({"rc": rc, "entry": b".entry k" in ptx, "target": b".target sm_90" in ptx}))
+"""
+
+
+def test_nvvm_through_ctypes_is_refused(tmp_path):
+    """The attack: NVVM IR compiled to PTX with a ctypes-loaded libnvvm (loaded after strict mode went up). Control:
+    strict mode off, the same call writes PTX with the kernel's entry for sm_90. Strict: NVVM_ERROR_COMPILATION
+    from the stub, nothing written, an event line."""
+    out = {}
+    for mode in ("off", "strict"):
+        env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl")}
+        proc = subprocess.run([sys.executable, "-c", _NVVM, mode], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["off"] == {"rc": 0, "entry": True, "target": True}, out  # control: NVVM compiles
+    assert out["strict"] == {"rc": 9, "entry": False, "target": False}, out  # NVVM_ERROR_COMPILATION
+    events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("symbol") == "nvvmCompileProgram"], events

@@ -93,11 +93,18 @@ def _cc1(work) -> str:
     return os.path.realpath((work / "cc1").read_text().strip())
 
 
-def run_probe(work, mode: str, user=None, forms: str = "", xdg: str = "xdg", allow: bool = True) -> dict:
+def run_probe(work, mode: str, user=None, forms: str = "", xdg: str = "xdg", allow: bool = True,
+              apart: bool = False) -> dict:
+    """`apart`: working, home and temporary folders of the probe's own (work/), so that none is above the Python
+    environment's NVRTC builtins (a copy below one is left readable: nvrtc_builtins.py), wherever the suite runs."""
     for p in work.glob("out_*"):
         p.unlink()
     env = {**os.environ, "NOJIT_MODE": mode, "XDG_RUNTIME_DIR": str(work / xdg),
            "NOJIT_EVENT_LOG": str(work / "events.jsonl"), "REDTEAM_FORMS": forms}
+    if apart:
+        for name in ("home", "tmp"):
+            (work / name).mkdir(mode=0o700, exist_ok=True)
+        env.update(HOME=str(work / "home"), TMPDIR=str(work / "tmp"))
     env.pop("NOJIT_EXEC_ALLOW", None)
     if allow:  # overwrite_allowed_file leaves cc1's bytes in allowed/tool
         shutil.copy("/bin/true", work / "allowed" / "tool")
@@ -107,7 +114,7 @@ def run_probe(work, mode: str, user=None, forms: str = "", xdg: str = "xdg", all
     for name in ("NOJIT_FIREWALL_DIR", landlock.ACTIVE_ENV):
         env.pop(name, None)
     p = subprocess.run([str(work / "venv" / "bin" / "python"), PROBE, str(work / "b.nojit"), str(work)],
-                       capture_output=True, text=True, env=env, timeout=600)
+                       capture_output=True, text=True, env=env, timeout=600, cwd=str(work) if apart else None)
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, f"the probe printed no result (exit {p.returncode})\n{p.stderr[-3000:]}"
     result = json.loads(lines[-1][len("RESULT "):])
@@ -144,7 +151,10 @@ def test_outside_a_thread_that_existed_before_install_runs_gcc_without_tsync(str
 
 
 @pytest.mark.xfail(strict=True, reason="hole: Landlock does not check files on kernel-internal mounts (memfd); "
-                   "closing it needs vm.memfd_noexec=2 or a seccomp filter on memfd_create, neither small")
+                   "vm.memfd_noexec=2 is a pid-namespace-wide sysctl that needs CAP_SYS_ADMIN (not the serving "
+                   "process's to set), and a seccomp filter could only refuse memfd_create or execveat outright: "
+                   "legitimate users in the serving tree (the driver, NCCL) are not shown safe from that on the GPU, "
+                   "and the /proc/self/fd/N form is an execve of a path seccomp cannot read")
 def test_a_compiler_copied_into_a_memfd_is_refused(strict):
     assert not strict["compiled"]["memfd_execveat"] and not strict["compiled"]["memfd_proc_path"], strict
 
@@ -207,10 +217,11 @@ def test_a_folder_of_another_user_below_a_whole_tree_root_never_runs(work, other
         shutil.rmtree(theirs)
 
 
-@pytest.mark.xfail(strict=True, reason="hole: exec-plan.json (and compilers.json) in the runtime folder are trusted; "
-                   "a process of this user that rewrites them widens the next strict process's allow-list; closing "
-                   "it needs the cache to be checked against an independent scan, not small")
 def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
+    """Fixed: exec-plan.json in the runtime folder was trusted; a process of this user that appended a folder rule
+    for "/" (the key and every stamp unchanged) widened the next strict process's allow-list, and gcc ran. Now a
+    cached plan that names what plan() could not (a rule outside the roots, on a folder above a compiler, or for
+    a compiler) is planned again. compilers.json stays trusted (README)."""
     (work / "xdg-cache").mkdir(mode=0o700)
     first = run_probe(work, "strict", forms="gcc_abs", xdg="xdg-cache", allow=False)
     assert first["compiled"] == {"gcc_abs": False}
@@ -223,15 +234,53 @@ def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
     assert again["compiled"] == {"gcc_abs": False}, again
 
 
+def test_positive_control_a_rewritten_plan_is_reused_without_the_check(tmp_path, monkeypatch):
+    """Without the check, the rewritten plan is taken from the cache as it is, a folder rule on "/" with it (which
+    lets everything run: the red team's run before the fix compiled). Also: a rule for gcc itself is refused."""
+    comp = landlock.compilers_mod.find(None)
+    roots = landlock.default_roots()
+    landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+    cached = tmp_path / "exec-plan.json"
+    data = json.loads(cached.read_text())
+    for tamper in ({"folders": [*data["folders"], "/"]}, {"files": [*data["files"], os.path.realpath("/usr/bin/gcc")]}):
+        cached.write_text(json.dumps({**data, **tamper}))
+        checked = landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+        assert not checked.from_cache and "/" not in checked.folders
+        assert os.path.realpath("/usr/bin/gcc") not in checked.files
+        cached.write_text(json.dumps({**data, **tamper}))
+        with monkeypatch.context() as m:
+            m.setattr(landlock, "_could_be_planned", lambda *a: True)
+            trusted = landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+        assert trusted.from_cache and (("/" in trusted.folders) or os.path.realpath("/usr/bin/gcc") in trusted.files)
+    cached.write_text(json.dumps(data))
+    assert landlock.cached_plan(comp, roots, [], [], str(tmp_path)).from_cache  # control: an untouched plan is reused
+
+
 @pytest.mark.skipif(importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("cuda") is None,
                     reason="needs the nvidia-cuda-nvrtc wheel")
-@pytest.mark.xfail(strict=True, reason="hole: the in-process guards are per process; a Python child that does not "
-                   "install nojit compiles with a ctypes-loaded libnvrtc (Landlock checks only exec); closing it needs "
-                   "every child to install the guards, not small")
 def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
-    r = run_probe(work, "strict", forms="child_nvrtc,gcc_abs", allow=False)
+    """Fixed: the in-process guards are per process, and a Python child that never installs nojit compiled CUDA C++
+    with a ctypes-loaded libnvrtc. Now NVRTC's builtins library (which NVRTC opens only to compile) cannot be read by
+    any process of the strict tree (Landlock, loader/strict/nvrtc_builtins.py): the child's compile fails. Control:
+    the same child compiles in permissive mode. (nvJitLink and the driver's PTX JIT in such a child: README.)"""
+    r = run_probe(work, "strict", forms="child_nvrtc,gcc_abs", allow=False, apart=True)
     assert r["compiled"]["gcc_abs"] is False  # the child's process compilers are refused
     assert r["compiled"]["child_nvrtc"] is False, r
+    assert "NVRTC builtins unreadable" in r["summary"], r["summary"]
+    control = run_probe(work, "permissive", forms="child_nvrtc", allow=False, apart=True)
+    assert control["compiled"]["child_nvrtc"] is True, control
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None, reason="needs the nvidia-nvjitlink wheel")
+@pytest.mark.xfail(strict=True, reason="hole: a Python child that never installs nojit links PTX to a cubin with a "
+                   "ctypes-loaded nvJitLink; the in-process guards are per process, and unlike NVRTC's builtins "
+                   "nvJitLink cannot be made unreadable to the process tree (torch's libcusparse links it, so every "
+                   "worker's import torch maps it); an environment-carried guard (LD_PRELOAD, sitecustomize) is dropped "
+                   "by a child started with an environment of its own")
+def test_a_python_child_that_never_installs_nojit_cannot_use_nvjitlink(work):
+    r = run_probe(work, "strict", forms="child_nvjitlink,gcc_abs", allow=False, apart=True)
+    assert r["compiled"]["gcc_abs"] is False  # the same process tree refuses gcc
+    assert r["compiled"]["child_nvjitlink"] is False, r
 
 
 def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp_path):

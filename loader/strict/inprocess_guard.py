@@ -11,18 +11,25 @@ library's own error code and writes the firewall's event line:
 | libnvJitLink.so* | nvJitLinkAddData, nvJitLinkAddFile, nvJitLinkComplete (and their `__..._13_N` versions) | NVJITLINK_ERROR_INVALID_INPUT / _PTX_COMPILE |
 | libnvvm.so* | nvvmCompileProgram | NVVM_ERROR_COMPILATION |
 | libcuda.so* | cuLinkAddData, cuLinkAddFile (and `_v2`): the driver's linker, every input | CUDA_ERROR_JIT_COMPILATION_DISABLED |
+| libcuda.so* | cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary, cuLibraryLoadData, cuModuleLoad, cuLibraryLoadFromFile: an image (or file) that is neither a cubin nor a fatbin | CUDA_ERROR_JIT_COMPILATION_DISABLED |
 
-An exported entry that is only a `jmp` to its body (nvJitLink's and NVVM's are) is followed to the body,
-which is patched instead, so every versioned alias lands in the stub too. Copies loaded later are patched
-when they arrive: after every `ctypes.CDLL` (cuda.bindings and cuda.pathfinder load NVRTC and nvJitLink
-that way) and every extension module import (an extension linked against one of them). Python wrappers
-(`cuda.bindings.nvrtc.nvrtcCompileProgram`, `cuda.bindings.nvjitlink.add_data/add_file/complete`,
-`cuda.bindings.nvvm.compile_program`, `cuda.bindings.driver.cuLinkAddData/cuLinkAddFile`, and
-`cuda.bindings.driver.cuModuleLoadData(Ex)/cuLibraryLoadData` given an image that is neither a cubin nor a
-fatbin: PTX text, Tile IR) raise CompileForbiddenError before reaching C. The exported cuModuleLoadData itself
-is not patched: its cubin loads must go on, and calling the original past a patch would need its first
-instructions relocated; PTX given to it from C is left to CUDA_DISABLE_PTX_JIT. A library loaded later by C code's own dlopen outside those two
-paths is patched only at the next ctypes load, extension import or `rescan()`.
+An exported compiler entry that is only a `jmp` to its body (nvJitLink's and NVVM's are) is followed to the body,
+which is patched instead, so every versioned alias lands in the stub too. The driver's image loaders must go on
+loading cubins: their stubs check the image and call the original through a trampoline of its moved first
+instructions (x86_relocate.py; an entry that is itself only `jmp rel32` is patched with a 5-byte jump to a thunk and
+its stub calls that jump's destination); the file loaders read the file once and hand the bytes to the data
+loader. An entry whose first instructions cannot be moved is left unpatched and named in `skipped`. What libcuda's
+cuGetProcAddress hands out for each guarded name is patched too when it is not the export (cudart, Triton and
+cuda.bindings take entries that way). Copies loaded later are patched when they arrive: after every `ctypes.CDLL`
+and `_ctypes.dlopen` (cuda.bindings and cuda.pathfinder load NVRTC and nvJitLink that way), every extension module
+import (an extension linked against one of them), and cuda.bindings' `cuInit`/`cuGetProcAddress`. Strict mode
+loads `libcuda.so.1` itself at activate() (no cuInit), so a later dlopen of it from C gets the patched copy. Python
+wrappers (`cuda.bindings.nvrtc.nvrtcCompileProgram`, `cuda.bindings.nvjitlink.add_data/add_file/complete`,
+`cuda.bindings.nvvm.compile_program`, `cuda.bindings.driver.cuLinkAddData/cuLinkAddFile`, and the image loaders of
+`cuda.bindings.driver` given an image or file that is neither a cubin nor a fatbin) raise CompileForbiddenError
+before reaching C. Another compiler library loaded later by C code's own dlopen is patched only at the next ctypes
+load, extension import or `rescan()`. Patching an entry while another thread runs its first bytes is not safe:
+activate() runs before CUDA is used (vLLM's plugin), and later copies are patched as they load.
 
 The driver's PTX JIT: `CUDA_DISABLE_PTX_JIT=1` is set here, before CUDA initializes when install() runs
 where vLLM's plugin runs it (workers: vllm/v1/worker/worker_base.py:289, `init_worker`, before the worker class
@@ -55,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.strict import firewall
+from nojit.loader.strict import x86_relocate
 from nojit.loader.errors import CompileForbiddenError
 
 # (file-name pattern of the library, symbol pattern -> stub name); a stub is named after the entry it refuses
@@ -63,9 +71,19 @@ _LIBRARIES: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
     (re.compile(r"libnvJitLink\.so(\.[0-9]+)*$"),
      re.compile(r"(?:__)?(nvJitLinkAddData|nvJitLinkAddFile|nvJitLinkComplete)(?:_[0-9]+_[0-9]+)?$")),
     (re.compile(r"libnvvm\.so(\.[0-9]+)*$"), re.compile(r"(nvvmCompileProgram)$")),
-    (re.compile(r"libcuda\.so(\.[0-9]+)*$"), re.compile(r"(cuLinkAddData|cuLinkAddFile)(?:_v2)?$")),
+    (re.compile(r"libcuda\.so(\.[0-9]+)*$"), re.compile(r"(cuLinkAddData|cuLinkAddFile)(?:_v2)?$"
+                                                          r"|(cuModuleLoadData|cuModuleLoadDataEx|cuModuleLoadFatBinary"
+                                                          r"|cuLibraryLoadData|cuModuleLoad|cuLibraryLoadFromFile)")),
 )
+# libcuda's image loaders: their stubs pass a cubin or a fatbin on. Those that take an image call the original
+# through a trampoline; those that take a path read the file and hand its bytes to the data loader named here.
+_DATA_LOADERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData")
+_FILE_LOADERS = {"cuModuleLoad": "cuModuleLoadData", "cuLibraryLoadFromFile": "cuLibraryLoadData"}
+# names asked of cuGetProcAddress (CUDA 12.0 and later ABI versions): a function it hands out that is not the
+# patched export is patched too
+_PROC_NAMES = ("cuLinkAddData", "cuLinkAddFile", *_DATA_LOADERS, *_FILE_LOADERS)
 _ELF, _FATBIN = b"\x7fELF", b"\x50\xed\x55\xba"  # a cubin; a fatbin (its SASS loads, its PTX only if the JIT is on)
+_FATBIN_WRAPPER = b"\xb1\x43\x62\x46"  # __fatBinC_Wrapper_t (the C stub also checks that its data is a fatbin)
 # importable in-process compilers this guard cannot patch: reported, not refused
 IN_PROCESS_COMPILERS = ("numba", "llvmlite", "cupy", "pycuda", "warp", "jax", "taichi")
 # event lines activate() writes that report a state, not a refusal
@@ -92,6 +110,9 @@ class InprocessReport:
 _lock = threading.RLock()
 _state: dict[str, Any] = {"active": False, "adds": -1, "fd": -1, "env": None, "report": None}
 _patches: dict[int, tuple[bytes, str, str]] = {}  # address -> (original code, library, symbol)
+_exports: dict[tuple[str, str], int] = {}  # (library path, symbol) -> its address, for each guarded library
+_slots: dict[str, int] = {}  # loader stub -> slots used
+_pending_proc: set[str] = set()  # libcuda copies whose cuGetProcAddress answered "not initialized"
 _seen: set[tuple[str, int]] = set()  # (library path, load bias) already scanned
 _restore: list[tuple[Any, str, Any]] = []
 _wrapped: set[tuple[str, str]] = set()  # (module, attribute) of _WRAPPERS replaced now
@@ -147,6 +168,69 @@ def _body(address: int) -> int:
     return address
 
 
+def _patch_at(address: int, stub: str, path: str, name: str, report: InprocessReport, size: int | None) -> bool:
+    """Patch one entry to its stub; False (with why in the report) if it cannot be. `size` is the symbol's size, None
+    for a function cuGetProcAddress handed out (then its first instructions must decode, so a short one is not
+    overwritten past its end). A loader's stub gets a slot and its target: the original, reached through a
+    trampoline of its moved first instructions (or, for an entry that is only `jmp rel32`, that jump's
+    destination), or for a file loader the data loader's export."""
+    native = _native()
+    if address in _patches:
+        return True
+    loader = stub in _DATA_LOADERS or stub in _FILE_LOADERS
+    code = _code_at(address, 32)
+    thunk = 0
+    jump_only = loader and code[0] == 0xE9  # a 5-byte jump: patched with a 5-byte jump to a thunk near it
+    if jump_only:
+        thunk = native.trampoline_alloc(address)
+        if not thunk:
+            report.skipped.append(f"{path}:{name}: not patched (no page within reach for its thunk)")
+            return False
+    elif size is not None and 0 < size < native.PATCH_LEN:  # the jump would overwrite the next function
+        report.skipped.append(f"{path}:{name}: not patched ({size} bytes, neither a jump nor {native.PATCH_LEN} long)")
+        return False
+    elif (loader or size is None) and x86_relocate.lengths(code, native.PATCH_LEN) is None:
+        report.skipped.append(f"{path}:{name}: not patched (its first instructions cannot be moved)")
+        return False
+    args: tuple[Any, ...] = ()
+    if loader:
+        slot = _slots.get(stub, 0)
+        if slot >= native.SLOTS:
+            report.skipped.append(f"{path}:{name}: not patched (more than {native.SLOTS} copies)")
+            return False
+        if stub in _FILE_LOADERS:
+            target = _exports.get((path, _FILE_LOADERS[stub]), 0)
+        elif jump_only:
+            target = address + 5 + struct.unpack_from("<i", code, 1)[0]
+        else:
+            page = native.trampoline_alloc(address)
+            trampoline = x86_relocate.relocate(code, address, page, native.PATCH_LEN) if page else None
+            if trampoline is None:
+                report.skipped.append(f"{path}:{name}: not patched (no trampoline within reach)")
+                return False
+            native.trampoline_write(page, trampoline)
+            target = page
+        if not target:
+            report.skipped.append(f"{path}:{name}: not patched (no {_FILE_LOADERS[stub]} to hand the file to)")
+            return False
+        args = (slot, target, thunk)
+        _slots[stub] = slot + 1
+    try:
+        original = native.patch(address, stub, *args)
+    except (OSError, ValueError) as exc:
+        report.skipped.append(f"{path}:{name}: not patched ({exc})")
+        return False
+    _patches[address] = (original, path, name)
+    report.patched.append((path, name))
+    return True
+
+
+def _code_at(address: int, size: int) -> bytes:
+    import ctypes
+
+    return ctypes.string_at(address, size)
+
+
 def _patch_library(path: str, bias: int, symbol_pattern: re.Pattern[str], report: InprocessReport) -> None:
     native = _native()
     try:
@@ -154,23 +238,48 @@ def _patch_library(path: str, bias: int, symbol_pattern: re.Pattern[str], report
     except (OSError, ValueError, struct.error) as exc:
         report.skipped.append(f"{path}: symbol table unreadable ({exc})")
         return
+    found = []
     for name, value, size in functions:
+        if name in ("cuGetProcAddress_v2", "cuDriverGetVersion"):
+            _exports[(path, name)] = bias + value
         m = symbol_pattern.fullmatch(name)
-        if m is None:
-            continue
-        address = _body(bias + value)
-        if address in _patches:
-            continue
-        if address == bias + value and 0 < size < native.PATCH_LEN:  # the jump would overwrite the next function
-            report.skipped.append(f"{path}:{name}: not patched ({size} bytes, neither a jump nor {native.PATCH_LEN} long)")
-            continue
-        try:
-            original = native.patch(address, m.group(1))
-        except OSError as exc:
-            report.skipped.append(f"{path}:{name}: not patched ({exc})")
-            continue
-        _patches[address] = (original, path, name)
-        report.patched.append((path, name))
+        if m is not None:
+            found.append((name, bias + value, size, next(g for g in m.groups() if g)))
+            _exports[(path, name)] = bias + value
+    for name, entry, size, stub in found:
+        # a compiler's entry that is only a jump is followed to its body (every versioned alias lands there); a
+        # loader is patched where it is, as its stub calls the original and a shared body may take other arguments
+        address = entry if stub in _DATA_LOADERS or stub in _FILE_LOADERS else _body(entry)
+        _patch_at(address, stub, path, name, report, size if address == entry else native.PATCH_LEN)
+    if any(stub in _DATA_LOADERS for _, _, _, stub in found):
+        _patch_proc_addresses(path, report)
+
+
+def _patch_proc_addresses(path: str, report: InprocessReport) -> None:
+    """Patch what this libcuda's cuGetProcAddress hands out for each guarded name, where that is not the patched
+    export (cudart, Triton and cuda.bindings take driver entries that way). Called before or after cuInit."""
+    import ctypes
+
+    get, version = _exports.get((path, "cuGetProcAddress_v2")), _exports.get((path, "cuDriverGetVersion"))
+    if not get or not version:
+        return
+    driver = ctypes.c_int(0)
+    if ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(version)(ctypes.byref(driver)) != 0:
+        return
+    lookup = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64,
+                              ctypes.c_void_p)(get)
+    for name in _PROC_NAMES:
+        for abi in sorted({v for v in (12000, 13000, driver.value) if v <= driver.value}):
+            pfn, status = ctypes.c_void_p(0), ctypes.c_int(0)
+            rc = lookup(name.encode(), ctypes.byref(pfn), abi, 0, ctypes.byref(status))
+            if rc == 3:  # CUDA_ERROR_NOT_INITIALIZED: asked again at the next rescan (torch's CUDA init, cuInit)
+                _pending_proc.add(path)
+                return
+            if rc != 0 or not pfn.value:
+                continue
+            address = pfn.value if name in _DATA_LOADERS or name in _FILE_LOADERS else _body(pfn.value)
+            if address not in _patches:
+                _patch_at(address, name, path, f"{name} (cuGetProcAddress, {abi})", report, None)
 
 
 def rescan() -> InprocessReport | None:
@@ -184,6 +293,9 @@ def rescan() -> InprocessReport | None:
                 report.skipped.append(f"{platform.machine()}: entries not patched (x86-64 only); Python wrappers only")
             return report
         native = _native()
+        for path in sorted(_pending_proc):
+            _pending_proc.discard(path)
+            _patch_proc_addresses(path, report)
         if native.adds() == _state["adds"]:
             return report
         adds, objects = native.loaded()
@@ -258,8 +370,13 @@ _WRAPPERS: dict[str, dict[str, str]] = {
         "cuLinkAddFile": "the CUDA driver's linker (cuda.bindings.driver.cuLinkAddFile) was about to compile or link",
     },
 }
-# cuda.bindings.driver entries that load an image: refused when the image is PTX text (neither cubin nor fatbin)
-_IMAGE_LOADERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuLibraryLoadData")
+# cuda.bindings.driver entries that load an image (or a file: its path is the second argument of
+# cuModuleLoad, the first of cuLibraryLoadFromFile): refused when the image is neither a cubin nor a fatbin
+_IMAGE_LOADERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData",
+                  "cuModuleLoad", "cuLibraryLoadFromFile")
+# cuda.bindings.driver entries after which libcuda is loaded (bindings dlopen it from C): rescanned after the call,
+# so the pointers cuGetProcAddress hands out are patched before anyone calls them
+_RESCAN_AFTER = ("cuInit", "cuGetProcAddress", "cuDriverGetVersion")
 
 
 def _image_head(image: Any) -> bytes | None:
@@ -275,15 +392,34 @@ def _image_head(image: Any) -> bytes | None:
     return None
 
 
+def _file_head(path: Any) -> bytes | None:
+    """The first 4 bytes of the file a driver load names (None if it cannot be read: the driver answers that)."""
+    try:
+        with open(os.fsdecode(path) if isinstance(path, (str, bytes)) else path, "rb") as f:
+            return f.read(4)
+    except (OSError, TypeError, ValueError):
+        return None
+
+
 def _refusing_ptx(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def load(*args: Any, **kwargs: Any) -> Any:
-        image = args[0] if args else next(iter(kwargs.values()), None)  # the image is the first parameter
-        head = _image_head(image)
-        if head is not None and head[:4] not in (_ELF, _FATBIN):
-            raise _forbid(f"the CUDA driver (cuda.bindings.driver.{name}) was about to JIT-compile PTX")
+        image = args[0] if args else next(iter(kwargs.values()), None)  # the image (or the path) is the first parameter
+        head = _file_head(image) if name in ("cuModuleLoad", "cuLibraryLoadFromFile") else _image_head(image)
+        if head is not None and head[:4] not in (_ELF, _FATBIN, _FATBIN_WRAPPER):
+            raise _forbid(f"the CUDA driver (cuda.bindings.driver.{name}) was about to JIT-compile an image that is "
+                          "neither a cubin nor a fatbin (PTX, NVVM IR or Tile IR)")
         return original(*args, **kwargs)
 
     return load
+
+
+def _rescanning(original: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        rescan()
+        return result
+
+    return call
 
 
 def _guard_wrappers() -> None:
@@ -296,13 +432,15 @@ def _guard_wrappers() -> None:
                 continue
             # a module still executing (one of these imports another) lacks its functions yet: each name is
             # wrapped once it is there, so a later call (its import finishing) wraps the rest
-            loaders = _IMAGE_LOADERS if module_name == "cuda.bindings.driver" else ()
-            for name in (*names, *loaders):
+            driver = module_name == "cuda.bindings.driver"
+            for name in (*names, *(_IMAGE_LOADERS + _RESCAN_AFTER if driver else ())):
                 if (module_name, name) in _wrapped or not hasattr(module, name):
                     continue
                 original = getattr(module, name)
                 _restore.append((module, name, original))
-                setattr(module, name, _refusing_ptx(name, original) if name in loaders else _refusing(names[name]))
+                wrapped = (_refusing_ptx(name, original) if driver and name in _IMAGE_LOADERS else
+                           _rescanning(original) if driver and name in _RESCAN_AFTER else _refusing(names[name]))
+                setattr(module, name, wrapped)
                 _wrapped.add((module_name, name))
         rescan()
 
@@ -323,6 +461,10 @@ def _hook_loaders() -> None:
 
     _restore.append((ctypes, "_dlopen", original_dlopen))
     ctypes._dlopen = dlopen_then_rescan  # type: ignore[attr-defined]
+    import _ctypes  # the same function under its own name: `CDLL(path, handle=_ctypes.dlopen(path))` skips ctypes._dlopen
+
+    _restore.append((_ctypes, "dlopen", _ctypes.dlopen))
+    _ctypes.dlopen = dlopen_then_rescan
     loader = importlib.machinery.ExtensionFileLoader
     create = loader.create_module
 
@@ -339,6 +481,18 @@ def _hook_loaders() -> None:
     finder = RunAfterImport(lambda name: name in _WRAPPERS and _state["active"], _guard_wrappers)
     sys.meta_path.insert(0, finder)
     _state["finder"] = finder
+
+
+def _preload_driver() -> None:
+    """Load libcuda.so.1 now (no cuInit: nothing initializes), so that its loaders are patched before any code can
+    reach them: a later dlopen of the same file from C (cudart, cuda.bindings, nojit's launcher) gets this patched
+    copy, where without it that copy would wait for the next rescan. No driver here: nothing to do."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")  # through ctypes._dlopen: rescanned (patched) on arrival
+    except OSError:
+        pass
 
 
 def activate(forbid: Callable[..., CompileForbiddenError], after_import: type) -> InprocessReport:
@@ -368,6 +522,7 @@ def activate(forbid: Callable[..., CompileForbiddenError], after_import: type) -
         _state.update(active=True, report=report, adds=-1)
         rescan()
         _hook_loaders()
+        _preload_driver()
         _guard_wrappers()
         report.importable = importable_compilers()
         if report.importable:
@@ -397,6 +552,9 @@ def deactivate() -> None:
             native.unpatch(address, original)
         _patches.clear()
         _seen.clear()
+        _exports.clear()
+        _pending_proc.clear()
+        _slots.clear()  # trampolines stay mapped: a thread may still be running one
         while _restore:
             obj, name, value = _restore.pop()
             setattr(obj, name, value)

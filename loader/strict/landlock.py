@@ -36,12 +36,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nojit.loader.strict import compilers as compilers_mod
+from nojit.loader.strict import nvrtc_builtins
 from nojit.loader.errors import NoJitError
 from nojit.loader.settings import settings
 
 ACCESS_FS_EXECUTE = 1 << 0
+ACCESS_FS_READ_FILE = 1 << 2  # handled only when NVRTC's builtins are made unreadable (nvrtc_builtins.py)
 RULE_PATH_BENEATH = 1
 CREATE_RULESET_VERSION = 1 << 0
 RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: every thread of the process, not only the caller
@@ -89,13 +92,18 @@ class Report:
     other_threads: tuple[str, ...] = ()  # their names (/proc/self/task/*/comm), this thread left out
     reason: str = ""
     plan: Plan | None = None
+    unreadable: list[str] = field(default_factory=list)  # NVRTC builtins no process of the tree can read
+    kept_readable: list[str] = field(default_factory=list)  # copies left readable, with why
 
     def summary(self) -> str:
         if self.state == "on":
             threads = ("all threads" if self.tsync or self.threads_before <= 1
                        else f"{self.threads_before - 1} earlier threads not covered: {', '.join(self.other_threads)}")
+            builtins = (f"; NVRTC builtins unreadable ({len(self.unreadable)} copies)" if self.unreadable else "")
+            if self.kept_readable:
+                builtins += f"; NVRTC builtins left readable: {', '.join(self.kept_readable)}"
             return (f"exec allow-list on (Landlock ABI {self.abi}, {self.rules} rules, {self.ms:.0f} ms, "
-                    f"{threads})")
+                    f"{threads}){builtins}")
         if self.state == "inherited":
             return "exec allow-list inherited from the parent process"
         return f"exec allow-list {self.state}" + (f" ({self.reason})" if self.reason else "")
@@ -267,7 +275,7 @@ def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str
     cached = compilers_mod.read_private_json(path)
     if cached is not None and cached.get("key") == key:
         p = Plan(**{f: cached[f] for f in _PLAN_FIELDS})
-        if _still(p):
+        if _still(p) and _could_be_planned(comp, p, [*roots, *extra]):
             p.from_cache = True
             return _with_files(comp, p, files)
     p = plan(comp, roots, extra)
@@ -292,6 +300,29 @@ def _with_files(comp: compilers_mod.Compilers, p: Plan, files: list[str]) -> Pla
     return p
 
 
+def _could_be_planned(comp: compilers_mod.Compilers, p: Plan, tops: list[str]) -> bool:
+    """Whether a cached plan names only what plan() could have: every folder rule and file rule lies under a root
+    or an allowed folder, no folder rule holds a compiler's folder, no file rule is a compiler. The cache is this
+    user's file: a process of this user that rewrote it (a folder rule on "/", a rule for gcc) gets a fresh plan,
+    not a wider allow-list (tests/test_redteam.py)."""
+    tops = [os.path.realpath(t).rstrip(os.sep) or os.sep for t in tops]
+
+    def under(path: Any) -> bool:
+        return isinstance(path, str) and any(path == t or path.startswith(t + os.sep) or t == os.sep for t in tops)
+
+    holding = set()  # compiler folders and the folders above them: plan() lists those, never rules them whole
+    for folder in comp.folders:
+        while folder not in holding and folder not in (os.sep, ""):
+            holding.add(folder)
+            folder = os.path.dirname(folder)
+    if any(not under(f) or f in holding or f == os.sep for f in p.folders):
+        return False
+    try:
+        return all(under(f) and not comp.is_compiler(f) for f in p.files)
+    except OSError:
+        return False
+
+
 def _still(p: Plan) -> bool:
     try:
         for path, stamp in (*p.listed.items(), *p.file_stats.items()):
@@ -313,30 +344,32 @@ def extra_folders() -> list[str]:
     return [p for p in raw.split(os.pathsep) if p] if raw else []
 
 
-def apply(p: Plan, abi: int) -> tuple[int, bool]:
-    """Create the ruleset, add the rules, set no_new_privs and restrict this process; (rules added, tsync)."""
+def apply(p: Plan, abi: int, read: Sequence[str] = ()) -> tuple[int, bool]:
+    """Create the ruleset, add the rules, set no_new_privs and restrict this process; (rules added, tsync). With
+    `read` (nvrtc_builtins.read_rules), reading files is handled too and allowed only beneath those paths."""
     libc = _libc()
     create, add, restrict = _SYSCALLS[platform.machine()]
-    attr = _RulesetAttr(ACCESS_FS_EXECUTE)
+    attr = _RulesetAttr(ACCESS_FS_EXECUTE | (ACCESS_FS_READ_FILE if read else 0))
     ruleset = libc.syscall(ctypes.c_long(create), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
                            ctypes.c_uint32(0))
     if ruleset < 0:
         raise _os_error("landlock_create_ruleset", ctypes.get_errno())
     added = 0
     try:
-        rule = _PathBeneathAttr(ACCESS_FS_EXECUTE, -1)
-        for path in (*p.folders, *p.files):
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue  # gone since it was listed: it gets no rule
-            try:
-                rule.parent_fd = fd
-                if libc.syscall(ctypes.c_long(add), ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) == 0:
-                    added += 1
-            finally:
-                os.close(fd)
+        for access, paths in ((ACCESS_FS_EXECUTE, (*p.folders, *p.files)), (ACCESS_FS_READ_FILE, read)):
+            rule = _PathBeneathAttr(access, -1)
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+                except OSError:
+                    continue  # gone since it was listed (or a link): it gets no rule
+                try:
+                    rule.parent_fd = fd
+                    if libc.syscall(ctypes.c_long(add), ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH),
+                                    ctypes.byref(rule), ctypes.c_uint32(0)) == 0:
+                        added += 1
+                finally:
+                    os.close(fd)
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise _os_error("prctl(PR_SET_NO_NEW_PRIVS)", ctypes.get_errno())
         tsync = abi >= 8
@@ -389,9 +422,11 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
     if comp.hashed != hashed:
         compilers_mod.save(comp, runtime_dir)  # digests computed while planning: the next process reuses them
     others = _other_threads()
-    added, tsync = apply(p, abi)
+    read, unreadable, kept = nvrtc_builtins.read_rules(nvrtc_builtins.find())
+    added, tsync = apply(p, abi, read)
     os.environ[ACTIVE_ENV] = str(os.getpid())
-    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p)
+    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p,
+                     unreadable=unreadable, kept_readable=kept)
     return _report
 
 

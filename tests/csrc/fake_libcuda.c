@@ -1,7 +1,9 @@
 /* A stand-in libcuda.so.1 for CPU tests: records what the launcher passes, launches nothing.
  * Each launch appends one line to $FAKE_CUDA_LOG:
  *   grid=x,y,z block=x,y,z smem=N stream=S nattrs=K attrs=id:v,... params=<hex of each param, by cubin size>
- * The "cubin" is text: "FAKE <symbol> <param sizes, comma-separated>"; loading anything else fails.
+ * The "cubin" is text: "FAKE <symbol> <param sizes, comma-separated>", or an ELF image with $FAKE_CUDA_PARAM_SIZES set;
+ * PTX text is "JIT-compiled" (counted, logged as "jit"); anything else fails. The image loaders that take a path or
+ * options and cuGetProcAddress_v2 are there for strict mode's tests (tests/test_inprocess_guard.py).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,10 +22,25 @@ NjResult cuCtxGetCurrent(NjContext *c) { *c = current_ctx ? (NjContext)0x1 : NUL
 NjResult cuCtxSetCurrent(NjContext c) { current_ctx = c != NULL; return 0; }
 NjResult cuDeviceGet(NjDevice *d, int o) { *d = o; return 0; }
 NjResult cuDevicePrimaryCtxRetain(NjContext *c, NjDevice d) { *c = (NjContext)0x1; return 0; }
-NjResult cuModuleLoadData(NjModule *m, const void *image) {
+/* PTX text (".version ..." or a "//" comment first) is "JIT-compiled" as a real driver would: counted by
+ * fake_jit_compiles() and logged as "jit" to $FAKE_CUDA_LOG, the module taking any symbol. */
+static int jit_compiles = 0;
+int fake_jit_compiles(void) { return jit_compiles; }
+static NjResult load_image(NjModule *m, const void *image) {
   const char *s = (const char *)image;
   FakeModule *fm = calloc(1, sizeof(FakeModule));
   char sizes[512];
+  if (strncmp(s, ".version", 8) == 0 || strncmp(s, "//", 2) == 0) {
+    jit_compiles++;
+    if (getenv("FAKE_CUDA_LOG")) {
+      FILE *log = fopen(getenv("FAKE_CUDA_LOG"), "a");
+      fprintf(log, "jit\n");
+      fclose(log);
+    }
+    strcpy(fm->symbol, "*");
+    *m = (NjModule)fm;
+    return 0;
+  }
   if (memcmp(s, "\x7f" "ELF", 4) == 0 && getenv("FAKE_CUDA_PARAM_SIZES")) {
     /* a real cubin: any symbol; parameter sizes come from the test */
     strcpy(fm->symbol, "*");
@@ -35,6 +52,60 @@ NjResult cuModuleLoadData(NjModule *m, const void *image) {
   for (char *tok = strtok(sizes, ","); tok && fm->nsizes < 64; tok = strtok(NULL, ",")) fm->sizes[fm->nsizes++] = atoi(tok);
   *m = (NjModule)fm;
   return 0;
+}
+NjResult cuModuleLoadData(NjModule *m, const void *image) { return load_image(m, image); }
+NjResult cuModuleLoadDataEx(NjModule *m, const void *image, unsigned n, void *o, void **v) { return load_image(m, image); }
+NjResult cuModuleLoadFatBinary(NjModule *m, const void *image) { return load_image(m, image); }
+NjResult cuLibraryLoadData(NjModule *lib, const void *code, void *jo, void **jv, unsigned nj, int *lo, void **lv,
+                           unsigned nl) {
+  return load_image(lib, code);
+}
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  char *buf = calloc(1, 1 << 20);
+  size_t n = fread(buf, 1, (1 << 20) - 1, f);
+  fclose(f);
+  if (n == 0) { free(buf); return NULL; }
+  return buf;
+}
+NjResult cuModuleLoad(NjModule *m, const char *path) {
+  char *image = slurp(path);
+  if (!image) return 301; /* CUDA_ERROR_FILE_NOT_FOUND */
+  NjResult r = load_image(m, image);
+  free(image);
+  return r;
+}
+NjResult cuLibraryLoadFromFile(NjModule *lib, const char *path, void *jo, void **jv, unsigned nj, int *lo, void **lv,
+                               unsigned nl) {
+  return cuModuleLoad(lib, path);
+}
+/* What cuGetProcAddress hands out for cuModuleLoadData: a function of its own, not the export (as a driver may). */
+static int proc_calls = 0;
+__attribute__((noinline, used)) static NjResult proc_load_data(NjModule *m, const void *image) {
+  proc_calls++;
+  if (getenv("FAKE_CUDA_LOG")) {
+    FILE *log = fopen(getenv("FAKE_CUDA_LOG"), "a");
+    fprintf(log, "procaddr load %d\n", proc_calls);
+    fclose(log);
+  }
+  return load_image(m, image);
+}
+NjResult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags, int *status) {
+  static const struct { const char *name; void *fn; } table[] = {
+      {"cuModuleLoadData", (void *)proc_load_data}, {"cuModuleLoadDataEx", (void *)cuModuleLoadDataEx},
+      {"cuModuleLoadFatBinary", (void *)cuModuleLoadFatBinary}, {"cuLibraryLoadData", (void *)cuLibraryLoadData},
+      {"cuModuleLoad", (void *)cuModuleLoad}, {"cuLibraryLoadFromFile", (void *)cuLibraryLoadFromFile},
+      {"cuInit", (void *)cuInit}};
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (strcmp(symbol, table[i].name) == 0) {
+      *pfn = table[i].fn;
+      if (status) *status = 0;
+      return 0;
+    }
+  *pfn = NULL;
+  if (status) *status = 1; /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+  return 500;                /* CUDA_ERROR_NOT_FOUND */
 }
 NjResult cuModuleUnload(NjModule m) { free(m); return 0; }
 NjResult cuModuleGetFunction(NjFunction *f, NjModule m, const char *name) {

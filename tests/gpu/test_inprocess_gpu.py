@@ -1,16 +1,18 @@
 """On the GPU: the driver's PTX JIT under strict mode, written as the attack, with its positive control.
 
 Each side runs in a fresh process (the driver reads CUDA_DISABLE_PTX_JIT once, at cuInit):
-- `off`: no strict mode. A hand-written sm_90 PTX module loads with cuModuleLoadData (ctypes libcuda and
-  cuda.bindings.driver), and the driver's linker takes the same PTX (cuLinkAddData_v2) and links a cubin:
-  the control, so the strict side can fail.
-- `strict`: strict mode's guards up before cuInit. The same PTX load raises CompileForbiddenError through
-  cuda.bindings; through ctypes it still loads on the H200 (CUDA_DISABLE_PTX_JIT does not cover a raw PTX image:
-  a known hole, the xfail test below); the linker entry of the
-  real libcuda answers CUDA_ERROR_JIT_COMPILATION_DISABLED from nojit's stub with an event line; a cubin
-  (made by NVRTC before strict mode, when the nvidia-cuda-nvrtc wheel is there) still loads.
+- `off`: no strict mode. A hand-written sm_90 PTX module loads with cuModuleLoadData, cuModuleLoadDataEx,
+  cuLibraryLoadData, cuModuleLoad and cuLibraryLoadFromFile of the exported libcuda (ctypes), through what
+  cuGetProcAddress hands out, through cudart's cudaLibraryLoadData and through cuda.bindings.driver, and the
+  driver's linker takes the same PTX (cuLinkAddData_v2) and links a cubin: the control, so the strict side can fail.
+- `strict`: strict mode's guards up before cuInit. Every one of those PTX loads is refused: cuda.bindings raises
+  CompileForbiddenError, the C entries answer CUDA_ERROR_JIT_COMPILATION_DISABLED (223) from nojit's stubs with an
+  event line (CUDA_DISABLE_PTX_JIT=1 alone did not stop a raw PTX image on the H200, driver 580.159.04); the linker
+  answers 223 too; a cubin (made by NVRTC in its own process, when the nvidia-cuda-nvrtc wheel is there) loads
+  through every entry as with strict mode off, and its kernel, loaded through the patched cuModuleLoadData (the
+  trampoline to the original), runs and writes its value over a poisoned buffer.
 - `late`: CUDA initialized before strict mode. The report says the PTX JIT stays on in this process; the
-  linker entry is refused all the same.
+  linker entry and the raw PTX load are refused all the same (the patch reaches the live driver).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ PTX = b""".version 8.0
 .address_size 64
 .visible .entry twice(.param .u64 x) { ret; }
 """ + b"\0"
+# `fatbinary --create=tw.fatbin -64 --compress=false --image3=kind=ptx,sm=90,file=tw.ptx` (CUDA 13.0) of PTX above
+PTX_FATBIN = ("50ed55ba01001000b000000000000000010001015000000060000000000000000000000040000000000008005a00000000000000"
+              "00000000110000000000000000000000000000000000000000000000480000000000000000000000000000002e76657273696f6e"
+              "20382e300a2e74617267657420736d5f39300a2e616464726573735f73697a652036340a2e76697369626c65202e656e7472"
+              "79207477696365282e706172616d202e753634207829207b207265743b207d0a000000000000")
 out = {}
 cubin = None
 if os.environ.get("NOJIT_TEST_CUBIN") and os.path.exists(os.environ["NOJIT_TEST_CUBIN"]):
@@ -52,18 +59,65 @@ if mode in ("strict", "late"):
 if cuda is None:
     cuda = ctypes.CDLL("libcuda.so.1")
     out["cuInit"] = cuda.cuInit(0)
-if inprocess_guard.report() is not None:
-    inprocess_guard.rescan()
+if inprocess_guard.report() is not None:  # no rescan here: a ctypes caller's own cuInit triggers none
+    out["proc_pending"] = sorted(inprocess_guard._pending_proc)  # cuGetProcAddress said "not initialized" at install
     out["patched"] = [os.path.basename(l) + ":" + s for l, s in inprocess_guard.report().patched]
     out["skipped"] = inprocess_guard.report().skipped
 dev, ctx = ctypes.c_int(), ctypes.c_void_p()
 cuda.cuDeviceGet(ctypes.byref(dev), 0)
 cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 cuda.cuCtxSetCurrent(ctx)
-mod = ctypes.c_void_p()
-out["ctypes_ptx_load"] = cuda.cuModuleLoadData(ctypes.byref(mod), PTX)
+P = ctypes.POINTER(ctypes.c_void_p)
+def loads(image, path):
+    """Every image loader of libcuda given `image` (or the file `path` holding it): what each answered."""
+    r = {}
+    m = ctypes.c_void_p()
+    r["cuModuleLoadData"] = cuda.cuModuleLoadData(ctypes.byref(m), image)
+    r["cuModuleLoadDataEx"] = cuda.cuModuleLoadDataEx(ctypes.byref(m), image, 0, None, None)
+    r["cuModuleLoadFatBinary"] = cuda.cuModuleLoadFatBinary(ctypes.byref(m), image)
+    r["cuLibraryLoadData"] = cuda.cuLibraryLoadData(ctypes.byref(m), image, None, None, 0, None, None, 0)
+    r["cuModuleLoad"] = cuda.cuModuleLoad(ctypes.byref(m), path.encode())
+    r["cuLibraryLoadFromFile"] = cuda.cuLibraryLoadFromFile(ctypes.byref(m), path.encode(), None, None, 0, None, None, 0)
+    for name, proto, args in (("cuModuleLoadData", ctypes.CFUNCTYPE(ctypes.c_int, P, ctypes.c_char_p), (image,)),
+                              ("cuLibraryLoadData", ctypes.CFUNCTYPE(ctypes.c_int, P, ctypes.c_char_p, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint),
+                               (image, None, None, 0, None, None, 0))):
+        pfn, status = ctypes.c_void_p(), ctypes.c_int()
+        if cuda.cuGetProcAddress_v2(name.encode(), ctypes.byref(pfn), 12000, 0, ctypes.byref(status)) == 0 and pfn.value:
+            out["procaddr_is_export_" + name] = pfn.value == ctypes.cast(getattr(cuda, name), ctypes.c_void_p).value
+            r["procaddr " + name] = proto(pfn.value)(ctypes.byref(m), *args)
+    return r
+
+work = os.environ["NOJIT_TEST_WORK"]
+with open(os.path.join(work, mode + ".ptx"), "wb") as f:
+    f.write(PTX)
+out["ptx_loads"] = loads(PTX, os.path.join(work, mode + ".ptx"))
+try:  # cudart (CUDA 12.5+), which takes its driver entries from cuGetProcAddress
+    import nvidia.cu13
+    cudart = ctypes.CDLL(sorted(glob.glob(os.path.join(list(nvidia.cu13.__path__)[0], "lib", "libcudart.so.*")))[0])
+    out["cudart_ptx_load"] = cudart.cudaLibraryLoadData(ctypes.byref(ctypes.c_void_p()), PTX, None, None, 0, None, None, 0)
+except (ImportError, IndexError, OSError, AttributeError):
+    pass
+# a fatbin holding only that PTX (no SASS): passed on by nojit's stub, left to CUDA_DISABLE_PTX_JIT
+out["ptx_fatbin_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), bytes.fromhex(PTX_FATBIN))
+out["ctypes_ptx_load"] = out["ptx_loads"]["cuModuleLoadData"]
 if cubin is not None:
-    out["ctypes_cubin_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), cubin)
+    with open(os.path.join(work, mode + ".cubin"), "wb") as f:
+        f.write(cubin)
+    out["cubin_loads"] = loads(cubin, os.path.join(work, mode + ".cubin"))
+    out["ctypes_cubin_load"] = out["cubin_loads"]["cuModuleLoadData"]
+    # the kernel of a cubin loaded through the (patched) export runs: 1.0f over a poisoned buffer
+    mod, fn, dptr = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
+    cuda.cuModuleLoadData(ctypes.byref(mod), cubin)
+    cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k")
+    cuda.cuMemAlloc_v2(ctypes.byref(dptr), 4)
+    cuda.cuMemsetD32_v2(dptr, 0xFFFFFFFF, 1)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(dptr), ctypes.c_void_p))
+    out["launch"] = cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, params, None)
+    cuda.cuCtxSynchronize()
+    value = ctypes.c_float()
+    cuda.cuMemcpyDtoH_v2(ctypes.byref(value), dptr, 4)
+    out["kernel_wrote"] = value.value
 state = ctypes.c_void_p()
 out["cuLinkCreate"] = cuda.cuLinkCreate_v2(0, None, None, ctypes.byref(state))
 out["cuLinkAddData"] = cuda.cuLinkAddData_v2(state, 1, PTX, len(PTX), b"twice.ptx", 0, None, None)  # CU_JIT_INPUT_PTX
@@ -132,6 +186,7 @@ def run(tmp_path, mode: str) -> tuple[dict, list[dict]]:
         maker.write_text(CUBIN_SCRIPT)
         subprocess.run([sys.executable, str(maker), str(cubin)], capture_output=True, timeout=300, env=env)
     env["NOJIT_TEST_CUBIN"] = str(cubin)
+    env["NOJIT_TEST_WORK"] = str(tmp_path)
     p = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=600, env=env)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert line, p.stderr[-3000:]
@@ -157,15 +212,61 @@ def test_ptx_module_load_refused_in_strict_mode(tmp_path):
         assert strict["bindings_ptx_load"].startswith("forbidden: strict mode"), strict
 
 
-@pytest.mark.xfail(strict=True, reason="a known hole (H200, driver 580.159.04): CUDA_DISABLE_PTX_JIT=1 set before "
-                   "cuInit does not stop a raw PTX image given to the exported cuModuleLoadData (the driver JIT-compiles "
-                   "it; the variable covers PTX embedded in fat binaries), and that entry is not patched")
-def test_raw_ptx_given_to_the_exported_cuModuleLoadData_is_refused(tmp_path):
+# the loaders documented to take PTX: the control must load it through each (cuModuleLoadFatBinary's answer to raw PTX
+# is only printed); under strict mode every entry, that one too, answers 223
+PTX_TAKERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuLibraryLoadData", "cuModuleLoad", "cuLibraryLoadFromFile",
+              "procaddr cuModuleLoadData", "procaddr cuLibraryLoadData")
+
+
+def test_raw_ptx_given_to_the_driver_s_image_loaders_is_refused(tmp_path):
+    """The H200 loaded a raw PTX image through the exported cuModuleLoadData although CUDA_DISABLE_PTX_JIT=1 was
+    set before cuInit: strict mode now patches every image loader of libcuda (and what cuGetProcAddress hands out)."""
     off, _ = run(tmp_path, "off")
-    assert off["ctypes_ptx_load"] == 0, off  # control: the driver JIT-compiles this PTX
-    strict, _ = run(tmp_path, "strict")
+    print("off:", json.dumps(off))
+    for name in PTX_TAKERS:
+        if name in off["ptx_loads"]:
+            assert off["ptx_loads"][name] == 0, (name, off)  # control: the driver JIT-compiles this PTX
+    strict, events = run(tmp_path, "strict")
+    print("strict:", json.dumps(strict))
     assert strict["ptx_jit"].startswith("driver PTX JIT off"), strict
-    assert strict["ctypes_ptx_load"] != 0, strict
+    assert strict["ptx_loads"] and set(strict["ptx_loads"].values()) == {223}, strict
+    refused = {e.get("symbol") for e in events if e["event"] == "compile_forbidden"}
+    assert {"cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuModuleLoad",
+            "cuLibraryLoadFromFile"} <= refused, events
+
+
+def test_cudart_library_load_of_ptx_is_refused(tmp_path):
+    """cudart's cudaLibraryLoadData reaches the driver through what cuGetProcAddress handed cudart: refused too."""
+    off, _ = run(tmp_path, "off")
+    if "cudart_ptx_load" not in off:
+        pytest.skip("no libcudart of the nvidia-cuda-runtime wheel here")
+    assert off["cudart_ptx_load"] == 0, off  # control
+    strict, _ = run(tmp_path, "strict")
+    print("strict cudaLibraryLoadData of PTX:", strict["cudart_ptx_load"])
+    assert strict["cudart_ptx_load"] != 0, strict
+
+
+def test_ptx_inside_a_fatbin_is_left_to_CUDA_DISABLE_PTX_JIT(tmp_path):
+    """A fatbin passes nojit's check (its SASS must load); PTX inside it is what CUDA_DISABLE_PTX_JIT=1 covers. A
+    fatbin with only PTX: loaded (JIT-compiled) with strict mode off, refused by the driver under strict mode."""
+    off, _ = run(tmp_path, "off")
+    assert off["ptx_fatbin_load"] == 0, off  # control: the driver JIT-compiles the fatbin's PTX
+    strict, events = run(tmp_path, "strict")
+    print("strict PTX-only fatbin:", strict["ptx_fatbin_load"])
+    assert strict["ptx_fatbin_load"] != 0, strict
+
+
+def test_cubins_still_load_through_every_patched_loader_and_run(tmp_path):
+    """Nothing legitimate refused: the cubin loads through each entry exactly as with strict mode off, and the kernel
+    loaded through the patched cuModuleLoadData (its trampoline to the driver's own code) runs."""
+    off, _ = run(tmp_path, "off")
+    if "cubin_loads" not in off:
+        pytest.skip("no NVRTC wheel here to make the sm_90 cubin")
+    assert off["kernel_wrote"] == 1.0 and off["cubin_loads"]["cuModuleLoadData"] == 0, off
+    strict, _ = run(tmp_path, "strict")
+    assert not [s for s in strict["skipped"] if "libcuda" in s], strict["skipped"]
+    assert strict["cubin_loads"] == off["cubin_loads"], (strict["cubin_loads"], off["cubin_loads"])
+    assert strict["launch"] == 0 and strict["kernel_wrote"] == 1.0, strict
 
 
 def test_ptx_jit_left_on_when_cuda_initialized_first_is_said(tmp_path):
@@ -174,6 +275,7 @@ def test_ptx_jit_left_on_when_cuda_initialized_first_is_said(tmp_path):
     assert late["ptx_jit"].startswith("driver PTX JIT on in this process"), late
     assert [e for e in events if e["event"] == "ptx_jit_not_disabled"], events
     assert late["cuLinkAddData"] == 223, late  # the patched linker entry refuses all the same
+    assert late["ctypes_ptx_load"] == 223, late  # and the image loader of the live driver
 
 
 def test_linker_entry_from_cuGetProcAddress_is_refused_too(tmp_path):
