@@ -37,8 +37,9 @@ One process (role `one`), in this order, each stage timed (wall ms, host RSS and
     once: each check's own install() returns that installation here;
   * one CUDA graph: a decode-sized call of each library captured together, replayed from poisoned outputs, compared
     byte for byte with the eager call (CuTeDSL: its output spoiled, replay must pass the reference check again);
-  * counters over the whole process after imports: 0 compiles, 0 processes, 0 NVRTC calls; PTX loads: none can
-    happen (CUDA_DISABLE_PTX_JIT=1 is required: the driver loads SASS only).
+  * counters over the whole process after imports: 0 compiles, 0 processes, 0 NVRTC calls, 0 in-process compiles
+    refused by strict mode's patched entries (PTX or IR given to libcuda's image loaders or linker, NVRTC, nvJitLink:
+    counted, since CUDA_DISABLE_PTX_JIT=1 alone does not stop a raw PTX load on driver 580).
 Prints the per-library table, the time-to-ready table, and `RESULT: PASS` only if all six runtimes ran and passed.
 """
 
@@ -560,6 +561,15 @@ def part_deepgemm(s: Start) -> Part:
     return p
 
 
+def _inprocess_refusals() -> int | None:
+    """What strict mode's patched in-process compile entries refused in this process (PTX given to libcuda's image
+    loaders or linker, NVRTC, nvJitLink, NVVM): a count, not an assumption (the H200 showed CUDA_DISABLE_PTX_JIT=1
+    alone lets raw PTX through cuModuleLoadData). None where the guard is not active."""
+    from nojit.loader.strict import inprocess_guard
+
+    return inprocess_guard.refusals() if inprocess_guard.report() is not None else None
+
+
 def flashinfer_shapes_and_modules(manifest: Any, trtllm_name: Any) -> tuple[list[tuple[int, int]], list[str]]:
     """The block-FP8 GEMM (N, K) of the bundle's TensorRT-LLM cubins and its FlashInfer module names, read from the
     FlashInfer entries only (the H200 run of session 8 read every entry's launch as FlashInfer's, and a Humming
@@ -836,12 +846,13 @@ def role_one(args: argparse.Namespace) -> int:
         + (len(s.dg_firewall.refused) if s.dg_firewall else 0),
         "processes": (end["c_processes"] - base["c_processes"]) + (end["python_processes"] - base["python_processes"]),
         "nvrtc": end["nvrtc"] - base["nvrtc"],
-        "ptx_loads": 0 if os.environ.get("CUDA_DISABLE_PTX_JIT") == "1" else None,
+        "ptx_loads": _inprocess_refusals(),
     }
     print_tables(parts, graph, counters, ledger, s, ready_ms, ready_age)
     complete = all(rt in s.bundle_runtimes for rt in RUNTIMES)
     ok = (complete and all(p.ok for p in parts) and graph["ok"] and set(graph["runtimes"]) >= set(RUNTIMES)
-          and counters["compiles"] == 0 and counters["processes"] == 0 and counters["nvrtc"] == 0)
+          and counters["compiles"] == 0 and counters["processes"] == 0 and counters["nvrtc"] == 0
+          and counters["ptx_loads"] == 0)
     verdict = "PASS" if ok else ("FAIL" if complete else
                                  f"FAIL (incomplete: not in the bundle {sorted(set(RUNTIMES) - s.bundle_runtimes)})")
     report = {"parts": [dict(vars(p), graph=[n for n, _ in p.graph], graph_checks=[n for n, _, _ in p.graph_checks],
@@ -872,7 +883,8 @@ def print_tables(parts: list[Part], graph: dict, counters: dict, ledger: Ledger,
         if not x["equal"]:
             print(f"  differs: {x['step']}")
     print(f"counters (whole process after imports): {counters['compiles']} compiles, {counters['processes']} processes, "
-          f"{counters['nvrtc']} NVRTC calls, PTX loads {counters['ptx_loads']} (CUDA_DISABLE_PTX_JIT=1)")
+          f"{counters['nvrtc']} NVRTC calls, {counters['ptx_loads']} in-process compiles refused (PTX/IR images given "
+          f"to the driver's loaders or linker, NVRTC, nvJitLink, NVVM: strict mode's patched entries count each)")
     print("\n(memory per runtime: its preflight and preload, and DeepGEMM's and CuTeDSL's install; install() as a whole "
           "is in the row 'all', with the mount of vLLM's files)")
     print("| runtime | install ms | preflight ms | preload ms | host RSS added MiB | GPU memory added MiB | loaded |")
