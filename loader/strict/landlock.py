@@ -237,7 +237,7 @@ def _plan_files(comp: compilers_mod.Compilers, folder: str, p: Plan) -> None:
 
 def _plan_listed_file(comp: compilers_mod.Compilers, path: str, st: os.stat_result, p: Plan) -> None:
     """A file found in a listed folder: left out when another user owns it or may write it, since its rule is on
-    the inode and whoever can rewrite the file chooses what runs (tests/test_redteam.py)."""
+    the inode and whoever can rewrite the file chooses what runs (tests/loader/strict/test_redteam.py)."""
     if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022:
         p.file_stats[path] = _stamp(st)
         p.unsafe.append(f"{path} ({path})")
