@@ -100,68 +100,19 @@ def import_graph(side: str, root: str = ROOT) -> dict[str, set[str]]:
     return graph
 
 
-def aot_modules() -> dict[str, str]:
-    return side_modules("aot")
-
-
-def aot_import_graph() -> dict[str, set[str]]:
-    return import_graph("aot")
-
-
-def aot_layer(mod: str) -> int:
-    for level, (_name, patterns) in enumerate(AOT_LAYERS):
-        for p in patterns:
-            if mod == p or (p.endswith(".*") and mod.startswith(p[:-1])):
-                return level
-    raise AssertionError(f"aot/{mod.replace('.', '/')}: not in any layer of tests/test_layout.py's AOT_LAYERS")
-
-
-def _room(mod: str) -> str | None:
-    """The room a module is in (None: not in a rooms layer; the shared model rows are below the rooms)."""
-    parts = mod.split(".")
-    if parts[0] not in ("runtimes", "models") or len(parts) < 2 or not AOT_LAYERS[aot_layer(mod)][0].endswith("rooms"):
-        return None
-    return ".".join(parts[:2])
-
-
 def test_aot_imports_point_down_only():
-    graph = aot_import_graph()
-    bad = []
-    for mod, targets in graph.items():
-        if not mod:
-            continue
-        for t in targets:
-            if aot_layer(t) > aot_layer(mod):
-                bad.append(f"{mod} -> {t} (up: {AOT_LAYERS[aot_layer(t)][0]} above {AOT_LAYERS[aot_layer(mod)][0]})")
-            elif _room(t) and _room(mod) and _room(t) != _room(mod) and t.split(".")[0] == mod.split(".")[0]:
-                bad.append(f"{mod} -> {t} (one room imports another)")
+    bad = arrows_against_layers("aot", AOT_LAYERS, import_graph("aot"))
     assert not bad, "\n".join(bad)
 
 
 def test_aot_import_graph_has_no_cycle():
-    graph = aot_import_graph()
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(graph[m]):
-            if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
-            if t not in state:
-                visit(t)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
+    found = cycle_in(import_graph("aot"))
+    assert found is None, "import cycle: " + " -> ".join(found)
 
 
 def test_no_import_inside_functions_names_aot_above_itself():
     """Imports inside functions may defer heavy third-party modules, never dodge an aot circle."""
-    modules = aot_modules()
+    modules = side_modules("aot")
     bad = []
     for mod, path in modules.items():
         for fn in ast.walk(ast.parse(open(path).read())):
@@ -265,13 +216,13 @@ def test_bundle_format_room_imports_no_serving_module():
     assert not bad, "\n".join(bad)
 
 
-def _scratch_copy(tmp_path, edits: dict[str, str]) -> str:
-    """A copy of loader/ with `edits` (path -> text appended), for showing that a rule can fail."""
+def _scratch_copy(tmp_path, edits: dict[str, str], side: str = "loader") -> str:
+    """A copy of <side>/ with `edits` (path -> text appended), for showing that a rule can fail."""
     import shutil
 
-    shutil.copytree(os.path.join(ROOT, "loader"), tmp_path / "loader", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copytree(os.path.join(ROOT, side), tmp_path / side, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     for rel, text in edits.items():
-        with open(tmp_path / "loader" / rel, "a") as f:
+        with open(tmp_path / side / rel, "a") as f:
             f.write(text)
     return str(tmp_path)
 
@@ -286,6 +237,19 @@ def test_the_loader_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_
         "loader", LOADER_LAYERS, import_graph("loader", sibling))
     cyclic = _scratch_copy(tmp_path / "cycle", {"bundle/manifest.py": "\nfrom nojit.loader.bundle.file import Bundle\n"})
     assert cycle_in(import_graph("loader", cyclic)) == ["bundle.file", "bundle.manifest", "bundle.file"]
+
+
+def test_the_aot_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_path):
+    assert not arrows_against_layers("aot", AOT_LAYERS, import_graph("aot"))  # the tree as it is passes
+    back = _scratch_copy(tmp_path / "back", {"plan.py": "\nfrom nojit.aot.runtimes.triton import compiler\n"}, "aot")
+    assert "plan -> runtimes.triton.compiler (up: runtime rooms above machinery)" in arrows_against_layers(
+        "aot", AOT_LAYERS, import_graph("aot", back))
+    sibling = _scratch_copy(tmp_path / "sibling", {"runtimes/tilelang/compiler.py": "\nfrom nojit.aot.runtimes.triton import rows\n"},
+                            "aot")
+    assert "runtimes.tilelang.compiler -> runtimes.triton (one room imports another)" in arrows_against_layers(
+        "aot", AOT_LAYERS, import_graph("aot", sibling))
+    cyclic = _scratch_copy(tmp_path / "cycle", {"plan.py": "\nfrom nojit.aot.faces import Runtime\n"}, "aot")
+    assert cycle_in(import_graph("aot", cyclic)) == ["faces", "plan", "faces"]
 
 
 def _runtime_dispatch(tree: ast.AST) -> list[int]:
@@ -332,7 +296,8 @@ def test_every_serving_runtime_has_a_launch_record_a_build_face_and_real_guards(
         assert set(runtime.guards) <= set(guards._LIBRARY_GUARDS), runtime.name
 
 
-if __name__ == "__main__":  # print both sides' import graphs, by layer, and what breaks their rules
+if __name__ == "__main__":  # print both sides' import graphs, by layer, and what breaks their rules (exit 1)
+    failed = False
     for side, layers in (("aot", AOT_LAYERS), ("loader", LOADER_LAYERS)):
         g = import_graph(side)
         print(f"== nojit.{side}")
@@ -343,3 +308,5 @@ if __name__ == "__main__":  # print both sides' import graphs, by layer, and wha
         found = cycle_in(g)
         problems = arrows_against_layers(side, layers, g) + (["cycle: " + " -> ".join(found)] if found else [])
         print("\n".join(f"  !! {p}" for p in problems) or "  no cycle, no back arrow, no sibling import")
+        failed = failed or bool(problems)
+    raise SystemExit(1 if failed else 0)
