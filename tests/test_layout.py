@@ -252,36 +252,46 @@ def test_the_aot_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_pat
     assert cycle_in(import_graph("aot", cyclic)) == ["faces", "plan", "faces"]
 
 
-def _runtime_dispatch(tree: ast.AST) -> list[int]:
-    """Lines comparing something's `.runtime` (or a `runtime` name) with a string: dispatch by runtime name."""
-    def names_runtime(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Attribute) and node.attr == "runtime") or (isinstance(node, ast.Name)
-                                                                                and node.id == "runtime")
+RUNTIME_NAMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming")  # checked against the registry below
+
+
+def _runtime_dispatch(tree: ast.AST, own: str | None = None) -> list[int]:
+    """Lines comparing something with a runtime's name (`record.runtime == "triton"`, `rt == "deepgemm"`,
+    `"tilelang" in runtimes`): dispatch by runtime name. A room may name itself (`own`); a module name looked up in
+    sys.modules is an import question, not dispatch."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(names_runtime(x) for x in sides) and any(
-                    isinstance(x, ast.Constant) and isinstance(x.value, str) for x in sides):
+            names = {x.value for x in sides if isinstance(x, ast.Constant) and x.value in RUNTIME_NAMES}
+            others = [x for x in sides if not isinstance(x, ast.Constant)]
+            if names - {own} and others and not any(ast.unparse(x) == "sys.modules" for x in others):
                 lines.append(node.lineno)
     return lines
 
 
 # Runtime-name comparisons merged from other work before this rule existed, to move into each runtime's launch
-# record (the arch names it records, the tool versions it checks); the list may only shrink.
-_DISPATCH_TO_MOVE = {"bundle.arch_fit": 2, "doctor": 1}
+# record (the arch names it records, its driver floor, the tool versions it checks); the list may only shrink.
+_DISPATCH_TO_MOVE = {"bundle.arch_fit": 2, "bundle.driver_floor": 2, "bundle.versions": 2, "doctor": 3}
 
 
 def test_no_runtime_dispatch_outside_the_registries():
+    from nojit.loader.runtimes import RUNTIMES
+
+    assert set(RUNTIME_NAMES) == set(RUNTIMES)
     found: dict[str, int] = {}
     for m, path in side_modules("loader").items():
-        lines = _runtime_dispatch(ast.parse(open(path).read()))
+        own = m.split(".")[1] if m.startswith("runtimes.") else None
+        lines = _runtime_dispatch(ast.parse(open(path).read()), own)
         if lines:
             found[m] = len(lines)
     bad = [f"loader/{m.replace('.', '/')}: {n} comparisons of a runtime name" for m, n in sorted(found.items())
            if n > _DISPATCH_TO_MOVE.get(m, 0)]
     assert not bad, "\n".join(bad)
-    assert _runtime_dispatch(ast.parse('if record.runtime == "triton": pass')) == [1]  # the check can fail
+    for form in ('record.runtime == "triton"', 'rt != "deepgemm"', '"humming" in runtimes'):  # the check can fail
+        assert _runtime_dispatch(ast.parse(f"if {form}: pass")) == [1], form
+    assert _runtime_dispatch(ast.parse('if "triton" in sys.modules: pass')) == []
+    assert _runtime_dispatch(ast.parse('if name == "tilelang": pass'), own="tilelang") == []
 
 
 def test_every_serving_runtime_has_a_launch_record_a_build_face_and_real_guards():
