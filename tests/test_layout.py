@@ -37,6 +37,58 @@ def test_installed_names_live_under_the_nojit_namespace(tmp_path):
     assert out.stdout.strip() == "[]", out.stderr
 
 
+# ----------------------------------------------------------------------------- the tests mirror the code
+# tests/loader/<room>/ and tests/aot/<room>/ mirror a folder of loader/ and aot/; tests/csrc/ the C launcher;
+# tests/gpu/ holds the GPU pytest files (its check scripts in tests/gpu/checks/, their CPU halves in tests/checks/);
+# tests/probes/ the scripts tests run in fresh processes, all named probe_*.py; tests/support/ what they share.
+TEST_FOLDERS = ("loader", "aot", "csrc", "gpu", "checks")
+TOP_TESTS = ("test_layout.py", "test_toy_runtime.py")  # the whole layout; a runtime added from tests/toy_runtime/
+
+
+def misplaced_tests(root: str = ROOT) -> list[str]:
+    """Test files and probes outside the folders above (a folder of tests/loader or tests/aot with no code
+    folder of that name, a test at the top, a probe named another way or kept elsewhere)."""
+    bad = []
+    tests = os.path.join(root, "tests")
+    for folder, dirs, files in os.walk(tests):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        rel = os.path.relpath(folder, tests).replace(os.sep, "/")
+        top = rel.split("/")[0]
+        for name in files:
+            path = f"tests/{name}" if rel == "." else f"tests/{rel}/{name}"
+            if name.endswith("_probe.py") or (name.startswith("probe_") and top != "probes"):
+                bad.append(f"{path}: a probe goes in tests/probes/ as probe_<what>.py")
+            elif top == "probes" and name.endswith(".py") and not name.startswith("probe_") and name != "__init__.py":
+                bad.append(f"{path}: tests/probes/ holds probe_<what>.py only")
+            elif name.startswith("test_") and name.endswith(".py"):
+                if rel == ".":
+                    if name not in TOP_TESTS:
+                        bad.append(f"{path}: a test goes in the folder of the room it tests (tests/loader/<room>/, "
+                                   f"tests/aot/<room>/, ...)")
+                elif top not in TEST_FOLDERS:
+                    bad.append(f"{path}: tests/{top}/ is not one of the test folders {TEST_FOLDERS}")
+                elif top in ("loader", "aot") and not os.path.isdir(os.path.join(root, rel)):
+                    bad.append(f"{path}: {rel}/ is no folder of the code")
+                elif top == "gpu" and rel != "gpu":
+                    bad.append(f"{path}: GPU pytest files sit in tests/gpu/ (scripts in tests/gpu/checks/)")
+    return sorted(bad)
+
+
+def test_tests_mirror_the_code(tmp_path):
+    bad = misplaced_tests()
+    assert not bad, "\n".join(bad)
+    # the check can fail: each misplacement in a scratch tree is named
+    for rel in ("loader/bundle", "aot/runtimes/triton"):
+        os.makedirs(tmp_path / rel)
+    for rel in ("tests/test_old_flat.py", "tests/loader/nowhere/test_x.py", "tests/probe_y.py", "tests/z_probe.py",
+                "tests/gpu/checks/test_w.py", "tests/loader/bundle/test_file.py", "tests/aot/runtimes/triton/test_ok.py"):
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert [b.split(":")[0] for b in misplaced_tests(str(tmp_path))] == [
+        "tests/gpu/checks/test_w.py", "tests/loader/nowhere/test_x.py", "tests/probe_y.py", "tests/test_old_flat.py",
+        "tests/z_probe.py"]
+
+
 # ----------------------------------------------------------------------------- the build side's import graph
 # Layers of aot/, lowest first: a module may import its own layer's modules (no cycle) and lower layers only.
 # runtimes/<r>/ and models/<m>/ are rooms: one never imports another room of its kind; models/runner/ holds the
