@@ -152,30 +152,8 @@ def import_graph(side: str, root: str = ROOT) -> dict[str, set[str]]:
     return graph
 
 
-def test_aot_imports_point_down_only():
-    bad = arrows_against_layers("aot", AOT_LAYERS, import_graph("aot"))
-    assert not bad, "\n".join(bad)
-
-
-def test_aot_import_graph_has_no_cycle():
-    found = cycle_in(import_graph("aot"))
-    assert found is None, "import cycle: " + " -> ".join(found)
-
-
-def test_no_import_inside_functions_names_aot_above_itself():
-    """Imports inside functions may defer heavy third-party modules, never dodge an aot circle."""
-    modules = side_modules("aot")
-    bad = []
-    for mod, path in modules.items():
-        for fn in ast.walk(ast.parse(open(path).read())):
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for node in ast.walk(fn):
-                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nojit.aot") and mod != "cli":
-                        bad.append(f"{mod}.{fn.name} imports {node.module}")
-    assert not bad, "\n".join(bad)
-
-
-# ----------------------------------------------------------------------------- the serving side's import graph
+# ----------------------------------------------------------------------------- the serving side's import graph,
+# and the rules both sides' graphs are checked against
 # Layers of loader/, lowest first, as for aot/. runtimes/<r>/ are rooms: one never imports another. The
 # bundle-format room sits right above errors and settings, so it imports no serving module.
 LOADER_LAYERS = (
@@ -249,6 +227,29 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
             if found:
                 return found
     return None
+
+
+def test_aot_imports_point_down_only():
+    bad = arrows_against_layers("aot", AOT_LAYERS, import_graph("aot"))
+    assert not bad, "\n".join(bad)
+
+
+def test_aot_import_graph_has_no_cycle():
+    found = cycle_in(import_graph("aot"))
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def test_no_import_inside_functions_names_aot_above_itself():
+    """Imports inside functions may defer heavy third-party modules, never dodge an aot circle."""
+    modules = side_modules("aot")
+    bad = []
+    for mod, path in modules.items():
+        for fn in ast.walk(ast.parse(open(path).read())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nojit.aot") and mod != "cli":
+                        bad.append(f"{mod}.{fn.name} imports {node.module}")
+    assert not bad, "\n".join(bad)
 
 
 def test_loader_imports_point_down_only():
