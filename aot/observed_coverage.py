@@ -1,7 +1,7 @@
 """`nojit coverage --observed FILE`: the keys real steps reached, beside the keys the plan declared.
 
 FILE is JSONL in NOJIT_MODE=record's format (one {"kernel", "runtime", "key", "outcome"} per line),
-written by a recording run or by tests/gpu/check_call_sites.py. Per kernel: how many distinct keys
+written by a recording run or by tests/gpu/checks/check_call_sites.py. Per kernel: how many distinct keys
 were observed, how many of them the plan has (a reached key the plan lacks is an enumerator defect),
 and how the bundle serves them: an exact entry, a generic entry, or nothing. So "100%" can be checked
 against what a workload actually launched, not only against the plan the bundle was built from.

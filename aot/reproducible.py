@@ -10,7 +10,7 @@ every environment; a file outside site-packages, like an extracted kernel source
 machine, is named by its base name). Line numbers stay, so profilers still map SASS to
 source lines. Nothing else in the compile reads the path.
 
-The GPU check compiles its JIT reference with the same names (`tests/gpu/check_triton.py`
+The GPU check compiles its JIT reference with the same names (`tests/gpu/checks/check_triton.py`
 calls canonical_source_paths()), so "bundled cubin == JIT cubin" stays a byte comparison.
 """
 

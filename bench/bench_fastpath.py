@@ -35,7 +35,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu"))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "gpu", "checks"))
 sys.path.insert(0, HERE)
 
 import bench_dispatch  # noqa: E402

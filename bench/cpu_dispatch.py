@@ -38,7 +38,7 @@ import time
 from types import SimpleNamespace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, os.path.join(HERE, ".."))  # the repository root: tests.*
 
 NOOP_C = "int noop_launch(const void *cfg, void *f, void **params, void **extra) { return 0; }\n"
 
@@ -70,8 +70,8 @@ def _not_served(*args, **kwargs):
 
 def served(fn, kwargs: dict, options: dict):
     """A stand-in server whose exact entry is this call's key, with the C runner and the Python run built."""
-    import test_fastpath as tfp
-    from test_triton_key_parity import specializer, theirs
+    import tests.loader.runtimes.triton.test_fast as tfp
+    from tests.loader.bundle.test_triton_key_parity import specializer, theirs
 
     from nojit.loader.runtimes.triton import fast as triton_fast
     from nojit.loader.runtimes.triton.serving import TritonKernelServer
@@ -98,8 +98,8 @@ def main() -> int:
 
     import nojit.loader.launch.torch_cuda as tc
     from nojit.loader.runtimes.triton import fast as triton_fast
-    from test_triton_key_parity import tensor
-    from triton_test_kernels import every_kind
+    from tests.loader.bundle.test_triton_key_parity import tensor
+    from tests.support.triton_test_kernels import every_kind
 
     from bench_fastpath import call_site  # after the tests' imports: it puts tests/gpu first on sys.path
 

@@ -37,6 +37,58 @@ def test_installed_names_live_under_the_nojit_namespace(tmp_path):
     assert out.stdout.strip() == "[]", out.stderr
 
 
+# ----------------------------------------------------------------------------- the tests mirror the code
+# tests/loader/<room>/ and tests/aot/<room>/ mirror a folder of loader/ and aot/; tests/csrc/ the C launcher;
+# tests/gpu/ holds the GPU pytest files (its check scripts in tests/gpu/checks/, their CPU halves in tests/checks/);
+# tests/probes/ the scripts tests run in fresh processes, all named probe_*.py; tests/support/ what they share.
+TEST_FOLDERS = ("loader", "aot", "csrc", "gpu", "checks")
+TOP_TESTS = ("test_layout.py", "test_toy_runtime.py")  # the whole layout; a runtime added from tests/toy_runtime/
+
+
+def misplaced_tests(root: str = ROOT) -> list[str]:
+    """Test files and probes outside the folders above (a folder of tests/loader or tests/aot with no code
+    folder of that name, a test at the top, a probe named another way or kept elsewhere)."""
+    bad = []
+    tests = os.path.join(root, "tests")
+    for folder, dirs, files in os.walk(tests):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        rel = os.path.relpath(folder, tests).replace(os.sep, "/")
+        top = rel.split("/")[0]
+        for name in files:
+            path = f"tests/{name}" if rel == "." else f"tests/{rel}/{name}"
+            if name.endswith("_probe.py") or (name.startswith("probe_") and top != "probes"):
+                bad.append(f"{path}: a probe goes in tests/probes/ as probe_<what>.py")
+            elif top == "probes" and name.endswith(".py") and not name.startswith("probe_") and name != "__init__.py":
+                bad.append(f"{path}: tests/probes/ holds probe_<what>.py only")
+            elif name.startswith("test_") and name.endswith(".py"):
+                if rel == ".":
+                    if name not in TOP_TESTS:
+                        bad.append(f"{path}: a test goes in the folder of the room it tests (tests/loader/<room>/, "
+                                   f"tests/aot/<room>/, ...)")
+                elif top not in TEST_FOLDERS:
+                    bad.append(f"{path}: tests/{top}/ is not one of the test folders {TEST_FOLDERS}")
+                elif top in ("loader", "aot") and not os.path.isdir(os.path.join(root, rel)):
+                    bad.append(f"{path}: {rel}/ is no folder of the code")
+                elif top == "gpu" and rel != "gpu":
+                    bad.append(f"{path}: GPU pytest files sit in tests/gpu/ (scripts in tests/gpu/checks/)")
+    return sorted(bad)
+
+
+def test_tests_mirror_the_code(tmp_path):
+    bad = misplaced_tests()
+    assert not bad, "\n".join(bad)
+    # the check can fail: each misplacement in a scratch tree is named
+    for rel in ("loader/bundle", "aot/runtimes/triton"):
+        os.makedirs(tmp_path / rel)
+    for rel in ("tests/test_old_flat.py", "tests/loader/nowhere/test_x.py", "tests/probe_y.py", "tests/z_probe.py",
+                "tests/gpu/checks/test_w.py", "tests/loader/bundle/test_file.py", "tests/aot/runtimes/triton/test_ok.py"):
+        os.makedirs(os.path.dirname(tmp_path / rel), exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert [b.split(":")[0] for b in misplaced_tests(str(tmp_path))] == [
+        "tests/gpu/checks/test_w.py", "tests/loader/nowhere/test_x.py", "tests/probe_y.py", "tests/test_old_flat.py",
+        "tests/z_probe.py"]
+
+
 # ----------------------------------------------------------------------------- the build side's import graph
 # Layers of aot/, lowest first: a module may import its own layer's modules (no cycle) and lower layers only.
 # runtimes/<r>/ and models/<m>/ are rooms: one never imports another room of its kind; models/runner/ holds the
@@ -100,79 +152,8 @@ def import_graph(side: str, root: str = ROOT) -> dict[str, set[str]]:
     return graph
 
 
-def aot_modules() -> dict[str, str]:
-    return side_modules("aot")
-
-
-def aot_import_graph() -> dict[str, set[str]]:
-    return import_graph("aot")
-
-
-def aot_layer(mod: str) -> int:
-    for level, (_name, patterns) in enumerate(AOT_LAYERS):
-        for p in patterns:
-            if mod == p or (p.endswith(".*") and mod.startswith(p[:-1])):
-                return level
-    raise AssertionError(f"aot/{mod.replace('.', '/')}: not in any layer of tests/test_layout.py's AOT_LAYERS")
-
-
-def _room(mod: str) -> str | None:
-    """The room a module is in (None: not in a rooms layer; the shared model rows are below the rooms)."""
-    parts = mod.split(".")
-    if parts[0] not in ("runtimes", "models") or len(parts) < 2 or not AOT_LAYERS[aot_layer(mod)][0].endswith("rooms"):
-        return None
-    return ".".join(parts[:2])
-
-
-def test_aot_imports_point_down_only():
-    graph = aot_import_graph()
-    bad = []
-    for mod, targets in graph.items():
-        if not mod:
-            continue
-        for t in targets:
-            if aot_layer(t) > aot_layer(mod):
-                bad.append(f"{mod} -> {t} (up: {AOT_LAYERS[aot_layer(t)][0]} above {AOT_LAYERS[aot_layer(mod)][0]})")
-            elif _room(t) and _room(mod) and _room(t) != _room(mod) and t.split(".")[0] == mod.split(".")[0]:
-                bad.append(f"{mod} -> {t} (one room imports another)")
-    assert not bad, "\n".join(bad)
-
-
-def test_aot_import_graph_has_no_cycle():
-    graph = aot_import_graph()
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(m: str) -> None:
-        state[m] = 1
-        stack.append(m)
-        for t in sorted(graph[m]):
-            if state.get(t) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
-            if t not in state:
-                visit(t)
-        stack.pop()
-        state[m] = 2
-
-    for m in sorted(graph):
-        if m not in state:
-            visit(m)
-
-
-def test_no_import_inside_functions_names_aot_above_itself():
-    """Imports inside functions may defer heavy third-party modules, never dodge an aot circle."""
-    modules = aot_modules()
-    bad = []
-    for mod, path in modules.items():
-        for fn in ast.walk(ast.parse(open(path).read())):
-            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for node in ast.walk(fn):
-                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nojit.aot") and mod != "cli":
-                        bad.append(f"{mod}.{fn.name} imports {node.module}")
-    assert not bad, "\n".join(bad)
-
-
-# ----------------------------------------------------------------------------- the serving side's import graph
+# ----------------------------------------------------------------------------- the serving side's import graph,
+# and the rules both sides' graphs are checked against
 # Layers of loader/, lowest first, as for aot/. runtimes/<r>/ are rooms: one never imports another. The
 # bundle-format room sits right above errors and settings, so it imports no serving module.
 LOADER_LAYERS = (
@@ -248,6 +229,29 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def test_aot_imports_point_down_only():
+    bad = arrows_against_layers("aot", AOT_LAYERS, import_graph("aot"))
+    assert not bad, "\n".join(bad)
+
+
+def test_aot_import_graph_has_no_cycle():
+    found = cycle_in(import_graph("aot"))
+    assert found is None, "import cycle: " + " -> ".join(found)
+
+
+def test_no_import_inside_functions_names_aot_above_itself():
+    """Imports inside functions may defer heavy third-party modules, never dodge an aot circle."""
+    modules = side_modules("aot")
+    bad = []
+    for mod, path in modules.items():
+        for fn in ast.walk(ast.parse(open(path).read())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nojit.aot") and mod != "cli":
+                        bad.append(f"{mod}.{fn.name} imports {node.module}")
+    assert not bad, "\n".join(bad)
+
+
 def test_loader_imports_point_down_only():
     bad = arrows_against_layers("loader", LOADER_LAYERS, import_graph("loader"))
     assert not bad, "\n".join(bad)
@@ -265,13 +269,13 @@ def test_bundle_format_room_imports_no_serving_module():
     assert not bad, "\n".join(bad)
 
 
-def _scratch_copy(tmp_path, edits: dict[str, str]) -> str:
-    """A copy of loader/ with `edits` (path -> text appended), for showing that a rule can fail."""
+def _scratch_copy(tmp_path, edits: dict[str, str], side: str = "loader") -> str:
+    """A copy of <side>/ with `edits` (path -> text appended), for showing that a rule can fail."""
     import shutil
 
-    shutil.copytree(os.path.join(ROOT, "loader"), tmp_path / "loader", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    shutil.copytree(os.path.join(ROOT, side), tmp_path / side, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     for rel, text in edits.items():
-        with open(tmp_path / "loader" / rel, "a") as f:
+        with open(tmp_path / side / rel, "a") as f:
             f.write(text)
     return str(tmp_path)
 
@@ -288,36 +292,59 @@ def test_the_loader_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_
     assert cycle_in(import_graph("loader", cyclic)) == ["bundle.file", "bundle.manifest", "bundle.file"]
 
 
-def _runtime_dispatch(tree: ast.AST) -> list[int]:
-    """Lines comparing something's `.runtime` (or a `runtime` name) with a string: dispatch by runtime name."""
-    def names_runtime(node: ast.AST) -> bool:
-        return (isinstance(node, ast.Attribute) and node.attr == "runtime") or (isinstance(node, ast.Name)
-                                                                                and node.id == "runtime")
+def test_the_aot_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_path):
+    assert not arrows_against_layers("aot", AOT_LAYERS, import_graph("aot"))  # the tree as it is passes
+    back = _scratch_copy(tmp_path / "back", {"plan.py": "\nfrom nojit.aot.runtimes.triton import compiler\n"}, "aot")
+    assert "plan -> runtimes.triton.compiler (up: runtime rooms above machinery)" in arrows_against_layers(
+        "aot", AOT_LAYERS, import_graph("aot", back))
+    sibling = _scratch_copy(tmp_path / "sibling", {"runtimes/tilelang/compiler.py": "\nfrom nojit.aot.runtimes.triton import rows\n"},
+                            "aot")
+    assert "runtimes.tilelang.compiler -> runtimes.triton (one room imports another)" in arrows_against_layers(
+        "aot", AOT_LAYERS, import_graph("aot", sibling))
+    cyclic = _scratch_copy(tmp_path / "cycle", {"plan.py": "\nfrom nojit.aot.faces import Runtime\n"}, "aot")
+    assert cycle_in(import_graph("aot", cyclic)) == ["faces", "plan", "faces"]
+
+
+RUNTIME_NAMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming")  # checked against the registry below
+
+
+def _runtime_dispatch(tree: ast.AST, own: str | None = None) -> list[int]:
+    """Lines comparing something with a runtime's name (`record.runtime == "triton"`, `rt == "deepgemm"`,
+    `"tilelang" in runtimes`): dispatch by runtime name. A room may name itself (`own`); a module name looked up in
+    sys.modules is an import question, not dispatch."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            if any(names_runtime(x) for x in sides) and any(
-                    isinstance(x, ast.Constant) and isinstance(x.value, str) for x in sides):
+            names = {x.value for x in sides if isinstance(x, ast.Constant) and x.value in RUNTIME_NAMES}
+            others = [x for x in sides if not isinstance(x, ast.Constant)]
+            if names - {own} and others and not any(ast.unparse(x) == "sys.modules" for x in others):
                 lines.append(node.lineno)
     return lines
 
 
 # Runtime-name comparisons merged from other work before this rule existed, to move into each runtime's launch
-# record (the arch names it records, the tool versions it checks); the list may only shrink.
-_DISPATCH_TO_MOVE = {"bundle.arch_fit": 2, "doctor": 1}
+# record (the arch names it records, its driver floor, the tool versions it checks); the list may only shrink.
+_DISPATCH_TO_MOVE = {"bundle.arch_fit": 2, "bundle.driver_floor": 2, "bundle.versions": 2, "doctor": 3}
 
 
 def test_no_runtime_dispatch_outside_the_registries():
+    from nojit.loader.runtimes import RUNTIMES
+
+    assert set(RUNTIME_NAMES) == set(RUNTIMES)
     found: dict[str, int] = {}
     for m, path in side_modules("loader").items():
-        lines = _runtime_dispatch(ast.parse(open(path).read()))
+        own = m.split(".")[1] if m.startswith("runtimes.") else None
+        lines = _runtime_dispatch(ast.parse(open(path).read()), own)
         if lines:
             found[m] = len(lines)
     bad = [f"loader/{m.replace('.', '/')}: {n} comparisons of a runtime name" for m, n in sorted(found.items())
            if n > _DISPATCH_TO_MOVE.get(m, 0)]
     assert not bad, "\n".join(bad)
-    assert _runtime_dispatch(ast.parse('if record.runtime == "triton": pass')) == [1]  # the check can fail
+    for form in ('record.runtime == "triton"', 'rt != "deepgemm"', '"humming" in runtimes'):  # the check can fail
+        assert _runtime_dispatch(ast.parse(f"if {form}: pass")) == [1], form
+    assert _runtime_dispatch(ast.parse('if "triton" in sys.modules: pass')) == []
+    assert _runtime_dispatch(ast.parse('if name == "tilelang": pass'), own="tilelang") == []
 
 
 def test_every_serving_runtime_has_a_launch_record_a_build_face_and_real_guards():
@@ -332,7 +359,8 @@ def test_every_serving_runtime_has_a_launch_record_a_build_face_and_real_guards(
         assert set(runtime.guards) <= set(guards._LIBRARY_GUARDS), runtime.name
 
 
-if __name__ == "__main__":  # print both sides' import graphs, by layer, and what breaks their rules
+if __name__ == "__main__":  # print both sides' import graphs, by layer, and what breaks their rules (exit 1)
+    failed = False
     for side, layers in (("aot", AOT_LAYERS), ("loader", LOADER_LAYERS)):
         g = import_graph(side)
         print(f"== nojit.{side}")
@@ -343,3 +371,5 @@ if __name__ == "__main__":  # print both sides' import graphs, by layer, and wha
         found = cycle_in(g)
         problems = arrows_against_layers(side, layers, g) + (["cycle: " + " -> ".join(found)] if found else [])
         print("\n".join(f"  !! {p}" for p in problems) or "  no cycle, no back arrow, no sibling import")
+        failed = failed or bool(problems)
+    raise SystemExit(1 if failed else 0)

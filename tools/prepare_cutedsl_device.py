@@ -1,4 +1,4 @@
-"""Make `.device-cu/` (ignored, never committed): what tests/gpu/check_cutedsl_launch.py needs on the device machine.
+"""Make `.device-cu/` (ignored, never committed): what tests/gpu/checks/check_cutedsl_launch.py needs on the device machine.
 
 The device has Python 3.12, torch 2.11, triton 3.6 and g++, but no CuTeDSL and no vLLM. A CuTeDSL entry of the bundle
 is the object file CuTeDSL's `export_to_c` wrote with `--enable-tvm-ffi`: host code that exports
@@ -37,7 +37,7 @@ import sys
 from nojit.loader.bundle.installed import file_sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHECK = os.path.join(ROOT, "tests", "gpu", "check_cutedsl_launch.py")
+CHECK = os.path.join(ROOT, "tests", "gpu", "checks", "check_cutedsl_launch.py")
 RUNTIME_LIB = "libcute_dsl_runtime.so"
 PLATFORM = "manylinux_2_28_x86_64"
 
@@ -99,7 +99,7 @@ def copy_reference_sources(out_dir: str) -> dict[str, str]:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(pkg, rel), target)
         digests[rel] = file_sha256(target)
-    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu", "checks"))
     import vllm_mount
 
     for name in vllm_mount.EMPTY_PACKAGES | vllm_mount.STUB_PACKAGES:  # made empty or stand-ins by the mount, which

@@ -1,4 +1,4 @@
-"""Prepare .device/deepgemm/ for tests/gpu/check_deepgemm.py on a machine without vLLM or nvcc.
+"""Prepare .device/deepgemm/ for tests/gpu/checks/check_deepgemm.py on a machine without vLLM or nvcc.
 
 Builds DeepGEMM entries here (DeepGEMM's own enumeration and generated source, nvcc on this box)
 for the given shapes at the given M, and copies what the device needs into the ignored folder:

@@ -7,11 +7,11 @@ Writes, into ignored folders (third-party code is never committed):
   .device/kernels/*.py + map.json  every Triton kernel of the plan, extracted from the installed
                                    vLLM with shared/tools/extract_triton.py (vLLM's source, verbatim)
   .device/vllm_mhc/                vLLM's mHC torch reference (kernels/mhc/torch.py), for TileLang checks
-  .device/vllm_src/vllm/...        the few vLLM files tests/gpu/check_tilelang.py imports there, verbatim,
+  .device/vllm_src/vllm/...        the few vLLM files tests/gpu/checks/check_tilelang.py imports there, verbatim,
                                    at their package paths (VLLM_TILELANG_FILES), plus SOURCES.json
-  .device/vllm_src/vllm/...        also the vLLM files tests/gpu/check_call_sites.py imports (its call sites and
+  .device/vllm_src/vllm/...        also the vLLM files tests/gpu/checks/check_call_sites.py imports (its call sites and
                                    their import closure, listed by `check_call_sites.py --list-sources`), verbatim,
-                                   and those tests/gpu/check_autotune.py imports (FLA's autotuned ops), likewise
+                                   and those tests/gpu/checks/check_autotune.py imports (FLA's autotuned ops), likewise
   .device/tilelang.nojit           with --tilelang-bundle: the TileLang bundle to check (built here,
                                    where TileLang is installed)
   .whl/                            the nojit wheel (abi3) and the cp312 wheels it needs there
@@ -104,7 +104,7 @@ def copy_mhc_reference(out_dir: str) -> None:
     shutil.copy(src, os.path.join(out_dir, "mhc_torch_reference.py"))
 
 
-# What tests/gpu/check_tilelang.py imports from vLLM on a device without vLLM. The kernel module must
+# What tests/gpu/checks/check_tilelang.py imports from vLLM on a device without vLLM. The kernel module must
 # be byte-identical (nojit compares its kernels' source digest with the bundle's); the rest is its
 # import closure with only torch installed: jit_warmup.py imports the standard library only, the
 # TileLang helper torch + jit_warmup, math_utils the standard library. vllm.platforms (the one heavy
@@ -144,7 +144,7 @@ def copy_vllm_call_site_sources(out_dir: str, check: str = "check_call_sites.py"
     import vllm
 
     pkg = os.path.dirname(os.path.abspath(vllm.__file__))
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", check), "--list-sources",
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "gpu", "checks", check), "--list-sources",
                         "--vllm-src", os.path.dirname(pkg)], capture_output=True, text=True, check=True)
     files = json.loads(p.stdout.strip().splitlines()[-1])["files"]
     with open(os.path.join(out_dir, "SOURCES.json")) as f:

@@ -1,4 +1,4 @@
-"""Make `.device-fi/` (ignored, never committed): what tests/gpu/check_flashinfer_launch.py needs on the device.
+"""Make `.device-fi/` (ignored, never committed): what tests/gpu/checks/check_flashinfer_launch.py needs on the device.
 
 The device has Python 3.12 and torch 2.11 (no vLLM, no FlashInfer, no apache-tvm-ffi). FlashInfer's built modules
 are TVM-FFI modules that link no torch (NEEDED: libcudart.so.13, libnvrtc.so.13, libcuda.so.1, libstdc++), so
@@ -10,7 +10,7 @@ the modules from the bundle as a server does. This carries:
   * wheels/: the cp312 wheel of apache-tvm-ffi at the installed version (FlashInfer's loader), downloaded with
     `pip download --only-binary=:all: --python-version 3.12 --no-deps`;
   * flashinfer.nojit: the bundle (its FlashInfer entries: the four modules and TensorRT-LLM DeepGEMM's cubins);
-  * libnojit_exec_guard.so: tests/gpu/exec_guard.c built here (the device step builds it there with its cc and
+  * libnojit_exec_guard.so: tests/gpu/checks/exec_guard.c built here (the device step builds it there with its cc and
     falls back to this one);
   * prepare.json: versions and sha256 of what is here.
 FlashInfer's other imports (torch, numpy, requests, tqdm, einops, packaging, nvidia-ml-py, cuda-bindings, ...) are
@@ -122,12 +122,12 @@ def check_bundle(path: str) -> dict:
 
 
 def build_guard(out: str) -> str | None:
-    """The process guard (tests/gpu/exec_guard.c) as a shared object; None where this box has no C compiler."""
+    """The process guard (tests/gpu/checks/exec_guard.c) as a shared object; None where this box has no C compiler."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         return None
     path = os.path.join(out, "libnojit_exec_guard.so")
-    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", path, os.path.join(ROOT, "tests", "gpu", "exec_guard.c"),
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", path, os.path.join(ROOT, "tests", "gpu", "checks", "exec_guard.c"),
                     "-ldl"], check=True)
     return path
 

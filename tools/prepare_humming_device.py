@@ -1,4 +1,4 @@
-"""Make `.device-hg/` (ignored, never committed): what tests/gpu/check_humming_gemm.py and check_humming_jit.py need
+"""Make `.device-hg/` (ignored, never committed): what tests/gpu/checks/check_humming_gemm.py and check_humming_jit.py need
 on the device machine.
 
 The device has Python 3.12, torch 2.11 and triton 3.6 but no Humming and no vLLM. Humming's GEMM kernels take
@@ -14,7 +14,7 @@ needs Humming itself there. This carries, verbatim:
     MXFP4 loading reaches (the build enumerates them: aot/runtimes/humming/enumerate.py `transform_kernels`), an
     older bundle is refused;
   * build_toolchain.json: this box's NVRTC library, options and CUDA headers as Humming uses them, so that the
-    `humming-jit` step (tests/gpu/check_humming_jit.py) can say what differs when its JIT's cubins do;
+    `humming-jit` step (tests/gpu/checks/check_humming_jit.py) can say what differs when its JIT's cubins do;
   * humming_calls.json: the arguments of the first-forward calls vLLM makes into Humming for the deployment
     (layer config, compute config, tuning table per GEMM and the input schema), computed here with vLLM's and
     Humming's own configuration code (aot/runtimes/humming/enumerate.py `prepare_calls`), since vLLM is not there.
@@ -95,7 +95,7 @@ def calls_json() -> dict:
 
 
 def build_toolchain() -> dict:
-    """What Humming's NVRTC compile is made of on this box (tests/gpu/check_humming_jit.py `describe_toolchain`, the
+    """What Humming's NVRTC compile is made of on this box (tests/gpu/checks/check_humming_jit.py `describe_toolchain`, the
     one description the device step also makes): the device step names what differs when its JIT's cubins do."""
     import importlib.util
 
@@ -104,7 +104,7 @@ def build_toolchain() -> dict:
     lib = nvrtc_library_dir()  # as the build's workers have it (planner.prepare_worker)
     if lib:
         os.environ["LD_LIBRARY_PATH"] = ":".join(filter(None, [lib, os.environ.get("LD_LIBRARY_PATH")]))
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu", "check_humming_jit.py")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu", "checks", "check_humming_jit.py")
     spec = importlib.util.spec_from_file_location("check_humming_jit", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""Assemble the one folder the `one` step carries (tests/gpu/check_one_process.py): ignored, never committed.
+"""Assemble the one folder the `one` step carries (tests/gpu/checks/check_one_process.py): ignored, never committed.
 
     python tools/prepare_one_device.py --bundle B.nojit --plan P.json [--out /work/main/.device-one] [--jit-headers]
 
@@ -30,7 +30,7 @@ import sys
 import tarfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "gpu", "checks"))
 LIMIT = 63 << 20
 STEP_MS = (1, 64, 8192)  # decode batch 1 and 64, prefill chunk max_num_batched_tokens
 

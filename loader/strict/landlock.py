@@ -245,7 +245,7 @@ def _plan_files(comp: compilers_mod.Compilers, folder: str, p: Plan) -> None:
 
 def _plan_listed_file(comp: compilers_mod.Compilers, path: str, st: os.stat_result, p: Plan) -> None:
     """A file found in a listed folder: left out when another user owns it or may write it, since its rule is on
-    the inode and whoever can rewrite the file chooses what runs (tests/test_redteam.py)."""
+    the inode and whoever can rewrite the file chooses what runs (tests/loader/strict/test_redteam.py)."""
     if st.st_uid not in (0, os.getuid()) or st.st_mode & 0o022:
         p.file_stats[path] = _stamp(st)
         p.unsafe.append(f"{path} ({path})")
@@ -304,7 +304,7 @@ def _could_be_planned(comp: compilers_mod.Compilers, p: Plan, tops: list[str]) -
     """Whether a cached plan names only what plan() could have: every folder rule and file rule lies under a root
     or an allowed folder, no folder rule holds a compiler's folder, no file rule is a compiler. The cache is this
     user's file: a process of this user that rewrote it (a folder rule on "/", a rule for gcc) gets a fresh plan,
-    not a wider allow-list (tests/test_redteam.py)."""
+    not a wider allow-list (tests/loader/strict/test_redteam.py)."""
     tops = [os.path.realpath(t).rstrip(os.sep) or os.sep for t in tops]
 
     def under(path: Any) -> bool:

@@ -8,7 +8,7 @@ overwrote the entry's first bytes, so those instructions are copied, whole, into
 Only instructions a function prologue is made of are understood (pushes, moves, ALU with immediates, lea,
 endbr64, nops, SSE moves, a relative call, RIP-relative memory operands); a control transfer other than a call
 (ret, jmp, jcc), a VEX/EVEX prefix or anything unknown makes relocate() return None, and the caller then leaves
-the entry unpatched and says so. tests/test_x86_relocate.py checks the lengths against objdump on every exported
+the entry unpatched and says so. tests/loader/strict/test_x86_relocate.py checks the lengths against objdump on every exported
 function of the CUDA libraries installed here.
 """
 

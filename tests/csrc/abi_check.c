@@ -1,4 +1,4 @@
-/* Compiled by tests/test_csrc.py against the real cuda.h: nojit's own ABI declarations must agree. */
+/* Compiled by tests/csrc/test_launcher.py against the real cuda.h: nojit's own ABI declarations must agree. */
 #include <cuda.h>
 #include <stddef.h>
 #include "nojit_cuda_abi.h"

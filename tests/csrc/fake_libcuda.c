@@ -3,7 +3,7 @@
  *   grid=x,y,z block=x,y,z smem=N stream=S nattrs=K attrs=id:v,... params=<hex of each param, by cubin size>
  * The "cubin" is text: "FAKE <symbol> <param sizes, comma-separated>", or an ELF image with $FAKE_CUDA_PARAM_SIZES set;
  * PTX text is "JIT-compiled" (counted, logged as "jit"); anything else fails. The image loaders that take a path or
- * options and cuGetProcAddress_v2 are there for strict mode's tests (tests/test_inprocess_guard.py).
+ * options and cuGetProcAddress_v2 are there for strict mode's tests (tests/loader/strict/test_inprocess_guard.py).
  */
 #include <stdint.h>
 #include <stdio.h>

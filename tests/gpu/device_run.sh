@@ -19,16 +19,16 @@
 #            decode with its schedule metadata) vs float32 references, no compile, timed
 #   cutedsl  CuTeDSL entries of .device/cutedsl.nojit (`nojit build --runtime cutedsl -o .device/cutedsl.nojit` on
 #            the build box): each exported object's embedded sm_90a cubin loaded by the driver (PTX JIT off) and its
-#            kernel found; CuTeDSL itself is not on the device, so nothing is launched (tests/gpu/check_cutedsl.py)
+#            kernel found; CuTeDSL itself is not on the device, so nothing is launched (tests/gpu/checks/check_cutedsl.py)
 #   humming  Humming entries of .device/humming.nojit (`nojit build --runtime humming -o .device/humming.nojit` on the
 #            build box): every input-processing kernel launched through nojit's C launcher vs a float32 reference
-#            (Humming's test tolerance), every GEMM cubin loaded with PTX JIT off (tests/gpu/check_humming.py)
+#            (Humming's test tolerance), every GEMM cubin loaded with PTX JIT off (tests/gpu/checks/check_humming.py)
 #   humming-gemm  Humming's GEMM kernels launched by Humming itself (its kernel objects, weight transform and
 #            precompiled launcher), served from .device-hg/humming.nojit in strict mode, vs a float64 reference of
-#            the MXFP4 x block-FP8 MoE GEMM, 0 compiles, 0 processes (tests/gpu/check_humming_gemm.py); needs
+#            the MXFP4 x block-FP8 MoE GEMM, 0 compiles, 0 processes (tests/gpu/checks/check_humming_gemm.py); needs
 #            .device-hg carried (`python tools/prepare_humming_device.py --bundle .device/humming.nojit`), whose
 #            wheels are installed into a temporary site folder first
-#   humming-jit  humming-gemm's cases, bundle-served (strict) vs Humming's own JIT here (tests/gpu/check_humming_jit.py)
+#   humming-jit  humming-gemm's cases, bundle-served (strict) vs Humming's own JIT here (tests/gpu/checks/check_humming_jit.py)
 #   wheel    the merged bundle made into a bundle wheel (`nojit package`), installed with the nojit wheel of .whl
 #            by `pip install --no-index` into a fresh target, PATH with no compiler; the loader finds the bundle
 #            there with no NOJIT_BUNDLE, then every Triton kernel (loader runs on that PATH) and every TileLang
@@ -40,12 +40,12 @@
 #   flashinfer-launch  FlashInfer's own Python (carried, without data/) launches the bundle's modules, seeded by nojit's
 #            strict loader as a server seeds them: vLLM's sampling calls and the block-FP8 GEMM (M < 32, TensorRT-LLM's
 #            cubins) vs torch references in FlashInfer's test tolerance, comm modules loaded; C-level process/NVRTC guard
-#            preloaded (tests/gpu/check_flashinfer_launch.py); needs .device-fi (tools/prepare_flashinfer_device.py)
+#            preloaded (tests/gpu/checks/check_flashinfer_launch.py); needs .device-fi (tools/prepare_flashinfer_device.py)
 #   cutedsl-launch  every CuTeDSL entry of .device-cu/cutedsl.nojit launched: each export_to_c object linked here with g++
 #            against CuTeDSL's C runtime and TVM-FFI (the wheel of .device-cu installed into a temporary target), loaded with
 #            tvm_ffi, called as vLLM calls it vs vLLM's Triton paths / float64 references, 0 processes, 0 compiles
-#            (tests/gpu/check_cutedsl_launch.py); needs .device-cu carried (`python tools/prepare_cutedsl_device.py`)
-#   one      one strict process, every runtime of one bundle (tests/gpu/check_one_process.py; issue 23): the Triton
+#            (tests/gpu/checks/check_cutedsl_launch.py); needs .device-cu carried (`python tools/prepare_cutedsl_device.py`)
+#   one      one strict process, every runtime of one bundle (tests/gpu/checks/check_one_process.py; issue 23): the Triton
 #            entries built here from the plan and merged with .device-one/rest.nojit, the JIT reference of vLLM's call
 #            sites (an empty Triton cache: the Triton JIT's time), CuTeDSL's objects linked here (harness, before), then
 #            the process with the C guard preloaded, no compiler on PATH, CUDA_DISABLE_PTX_JIT=1; the negative control
@@ -55,11 +55,11 @@
 #            image loader of libcuda, through ctypes, cuGetProcAddress, cudart and cuda.bindings, and the driver's linker
 #            refused; a cubin loaded through each and its kernel run; a PTX-only fatbin refused by the driver; the
 #            control loads the PTX with strict mode off), then the CPU tests of NVRTC/nvJitLink and the stand-in driver
-#            (tests/test_inprocess_guard.py, tests/test_x86_relocate.py); needs a .whl nojit wheel built with _inproc
+#            (tests/loader/strict/test_inprocess_guard.py, tests/loader/strict/test_x86_relocate.py); needs a .whl nojit wheel built with _inproc
 #   autotune FLA's autotuned kernels (chunk_local_cumsum fixed/varlen, solve_tril) from .device/vllm_src: Triton's own
 #            autotuner enumerated here, the bundle built from that plan, mode a (Triton benchmarks the bundled cubins),
 #            `nojit tune`, mode b (winners pre-filled, no benchmark) vs the JIT's autotuner from an empty cache with each
-#            chosen config forced, outputs poisoned, bit-compared (tests/gpu/check_autotune.py)
+#            chosen config forced, outputs poisoned, bit-compared (tests/gpu/checks/check_autotune.py)
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -83,28 +83,28 @@ for step in "$@"; do
   case "$step" in
     triton)
       ( time build_triton $W/triton.nojit ) 2>&1 | tail -20
-      python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 \
+      python3 tests/gpu/checks/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 \
         --json "$OUT/check_triton.json" 2>&1 | tail -75 || rc=1
-      python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant generic --time \
+      python3 tests/gpu/checks/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant generic --time \
         --json "$OUT/check_generic.json" 2>&1 | tail -75 || rc=1
       python3 bench/bench_dispatch.py --bundle $W/triton.nojit --sources $MAP 2>&1
       ;;
     generic)
       build_triton $W/triton.nojit 2>&1 | tail -3
-      python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant generic --time \
+      python3 tests/gpu/checks/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant generic --time \
         --json "$OUT/check_generic.json" 2>&1 | tail -75 || rc=1
       ;;
     misaligned)
       [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
-      python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant misaligned \
+      python3 tests/gpu/checks/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant misaligned \
         --json "$OUT/check_misaligned.json" 2>&1 | tail -75 || rc=1
       ;;
     record)
       rm -f $W/rec1.jsonl $W/rec2.jsonl
-      python3 tests/gpu/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant perturbed \
+      python3 tests/gpu/checks/check_triton.py --bundle $W/triton.nojit --sources $MAP --parallel 8 --variant perturbed \
         --mode record --record-file $W/rec1.jsonl 2>&1 | tail -75 || rc=1
       build_triton $W/triton2.nojit --add-keys $W/rec1.jsonl 2>&1 | tail -4 || rc=1
-      python3 tests/gpu/check_triton.py --bundle $W/triton2.nojit --sources $MAP --parallel 8 --variant perturbed \
+      python3 tests/gpu/checks/check_triton.py --bundle $W/triton2.nojit --sources $MAP --parallel 8 --variant perturbed \
         --mode record --record-file $W/rec2.jsonl 2>&1 | tail -75 || rc=1
       cp $W/rec1.jsonl $W/rec2.jsonl "$OUT/" 2>/dev/null
       python3 - $W/rec1.jsonl $W/rec2.jsonl <<'PY'
@@ -117,7 +117,7 @@ print("RECORD-REBUILD:", "PASS" if second.get("generic", 0) == 0 and second.get(
 PY
       ;;
     tilelang)
-      python3 tests/gpu/check_tilelang.py --bundle .device/tilelang.nojit --vllm-src .device/vllm_src \
+      python3 tests/gpu/checks/check_tilelang.py --bundle .device/tilelang.nojit --vllm-src .device/vllm_src \
         --json "$OUT/check_tilelang.json" 2>&1 | tail -60 || rc=1
       ;;
     merge)
@@ -126,7 +126,7 @@ PY
       ;;
     callsites)
       [ -f $W/triton.nojit ] || ( time build_triton $W/triton.nojit ) 2>&1 | tail -3
-      python3 tests/gpu/check_call_sites.py --bundle $W/triton.nojit --vllm-src .device/vllm_src --plan "$PLAN" \
+      python3 tests/gpu/checks/check_call_sites.py --bundle $W/triton.nojit --vllm-src .device/vllm_src --plan "$PLAN" \
         --observed "$OUT/observed_keys.jsonl" --json "$OUT/check_call_sites.json" 2>&1 | tail -80 || rc=1
       python3 -m nojit.aot.cli coverage $W/triton.nojit --plan "$PLAN" --observed "$OUT/observed_keys.jsonl" \
         2>&1 | sed -n '/observed keys/,$p' | tail -80 || rc=1
@@ -137,16 +137,16 @@ PY
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
       ;;
     inprocess)
-      python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/test_inprocess_guard.py tests/test_x86_relocate.py -q -s \
+      python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/loader/strict/test_inprocess_guard.py tests/loader/strict/test_x86_relocate.py -q -s \
         -p no:cacheprovider \
         2>&1 | tail -40 || rc=1
       ;;
     cutedsl)
-      CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_cutedsl.py --bundle .device/cutedsl.nojit \
+      CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/checks/check_cutedsl.py --bundle .device/cutedsl.nojit \
         --json "$OUT/check_cutedsl.json" 2>&1 | tail -30 || rc=1
       ;;
     humming)
-      CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming.py --bundle .device/humming.nojit \
+      CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/checks/check_humming.py --bundle .device/humming.nojit \
         --json "$OUT/check_humming.json" 2>&1 | tail -30 || rc=1
       ;;
     humming-gemm)
@@ -154,7 +154,7 @@ PY
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/hg-site \
         .device-hg/wheels/*.whl || rc=1
       # the device has no vLLM (the bundle was built with 0.33.0): the one allowed difference, as in every step
-      NOJIT_ALLOW_MISMATCH=vllm PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming_gemm.py \
+      NOJIT_ALLOW_MISMATCH=vllm PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/checks/check_humming_gemm.py \
         --dir .device-hg --json "$OUT/check_humming_gemm.json" 2>&1 | tail -40 || rc=1
       ;;
     humming-jit)  # .device-hg from `python tools/prepare_humming_device.py --bundle .device/humming.nojit`
@@ -162,17 +162,17 @@ PY
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/hg-site \
         .device-hg/wheels/*.whl || rc=1
       chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null  # Humming's NVRTC child (modes may not carry)
-      NOJIT_ALLOW_MISMATCH=vllm PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/check_humming_jit.py \
+      NOJIT_ALLOW_MISMATCH=vllm PYTHONPATH=/tmp/hg-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/checks/check_humming_jit.py \
         --dir .device-hg --work $W/hg-jit --out "$OUT" --json "$OUT/check_humming_jit.json" 2>&1 || rc=1
       ;;
     deepgemm)
       if command -v strace >/dev/null; then
-        strace -f -qq -e trace=execve,access -o "$OUT/deepgemm.strace" python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm \
+        strace -f -qq -e trace=execve,access -o "$OUT/deepgemm.strace" python3 tests/gpu/checks/check_deepgemm.py --dir .device/deepgemm \
           --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
         echo "processes started while DeepGEMM ran (execve between the check's markers):" \
           "$(awk '/nojit-deepgemm-calls-begin/{on=1} /nojit-deepgemm-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/deepgemm.strace")"
       else
-        python3 tests/gpu/check_deepgemm.py --dir .device/deepgemm --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
+        python3 tests/gpu/checks/check_deepgemm.py --dir .device/deepgemm --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
       fi
       ;;
     wheel)
@@ -199,21 +199,21 @@ open(sys.argv[1], "w").write(b.path)
 PY
       IB=$(cat $W/installed_bundle_path)
       PY=$(command -v python3)  # the interpreter itself, not a link to it (a venv's python finds its packages by its path)
-      [ -n "${WHEEL_SKIP_TRITON:-}" ] || NOJIT_CHECK_LOADER_PATH=$NOCC PYTHONPATH=$W/serve $PY tests/gpu/check_triton.py \
+      [ -n "${WHEEL_SKIP_TRITON:-}" ] || NOJIT_CHECK_LOADER_PATH=$NOCC PYTHONPATH=$W/serve $PY tests/gpu/checks/check_triton.py \
         --bundle "$IB" --sources $MAP --parallel 8 --json "$OUT/check_wheel_triton.json" 2>&1 | tail -75 || rc=1
-      PATH=$NOCC PYTHONPATH=$W/serve $PY tests/gpu/check_tilelang.py --bundle "$IB" --vllm-src .device/vllm_src \
+      PATH=$NOCC PYTHONPATH=$W/serve $PY tests/gpu/checks/check_tilelang.py --bundle "$IB" --vllm-src .device/vllm_src \
         --json "$OUT/check_wheel_tilelang.json" 2>&1 | tail -60 || rc=1
       ;;
     replace)
       [ -f $W/triton.nojit ] || build_triton $W/triton.nojit 2>&1 | tail -3
       build_triton $W/triton_exact.nojit --no-generic 2>&1 | tail -3
       NGPU=$(nvidia-smi -L | wc -l)  # one server per GPU where there are several; else 4 on the one
-      python3 tests/gpu/replace_under_load.py --bundle $W/triton.nojit --rebuilt $W/triton_exact.nojit --sources $MAP \
+      python3 tests/gpu/checks/check_replace_under_load.py --bundle $W/triton.nojit --rebuilt $W/triton_exact.nojit --sources $MAP \
         --servers $([ "$NGPU" -gt 1 ] && echo "$NGPU" || echo 4) --readers 2 --duration "${REPLACE_SECONDS:-180}" --json "$OUT/replace_under_load.json" 2>&1 \
         | tail -40 || rc=1
       ;;
     autotune)
-      python3 tests/gpu/check_autotune.py --vllm-src .device/vllm_src --work $W/autotune \
+      python3 tests/gpu/checks/check_autotune.py --vllm-src .device/vllm_src --work $W/autotune \
         --json "$OUT/check_autotune.json" 2>&1 | tail -60 || rc=1
       ;;
     fastpath)
@@ -222,7 +222,7 @@ PY
         $( [ -f .device/tilelang.nojit ] && echo --tilelang-bundle .device/tilelang.nojit ) \
         --json "$OUT/bench_fastpath.json" 2>&1 || rc=1
       # kernel[grid] through the C bound grid: eager == CUDA-graph replay, byte for byte
-      python3 tests/gpu/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -30 || rc=1
+      python3 tests/gpu/checks/check_bound_grid_graph.py --bundle $W/triton.nojit --sources $MAP --kernels 6 2>&1 | tail -30 || rc=1
       ;;
     flashinfer-launch)  # .device-fi from tools/prepare_flashinfer_device.py, carried with .whl only
       rm -rf /tmp/fi-site && mkdir -p /tmp/fi-site
@@ -230,7 +230,7 @@ PY
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fi-site \
         .device-fi/wheels/apache_tvm_ffi-*.whl || rc=1
       # the process guard, built here (harness, before the check's process starts); the carried build if no cc
-      ${CC:-cc} -shared -fPIC -O2 -o /tmp/fi-site/libnojit_exec_guard.so tests/gpu/exec_guard.c -ldl \
+      ${CC:-cc} -shared -fPIC -O2 -o /tmp/fi-site/libnojit_exec_guard.so tests/gpu/checks/exec_guard.c -ldl \
         || cp .device-fi/libnojit_exec_guard.so /tmp/fi-site/ || rc=1
       CU13=$(python3 -c "import nvidia, os; print(next(d for p in nvidia.__path__
         if os.path.exists(os.path.join(d := os.path.join(p, 'cu13', 'lib'), 'libcudart.so.13'))))" 2>/dev/null \
@@ -238,17 +238,17 @@ PY
       echo "libcudart.so.13 from $CU13"
       LD_LIBRARY_PATH=$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=/tmp/fi-site:$PYTHONPATH \
         CUDA_DISABLE_PTX_JIT=1 LD_PRELOAD=/tmp/fi-site/libnojit_exec_guard.so \
-        python3 tests/gpu/check_flashinfer_launch.py --dir .device-fi --json "$OUT/check_flashinfer_launch.json" \
+        python3 tests/gpu/checks/check_flashinfer_launch.py --dir .device-fi --json "$OUT/check_flashinfer_launch.json" \
         2>&1 | tail -120 || rc=1
       ;;
     cutedsl-launch)  # .device-cu from tools/prepare_cutedsl_device.py on the CPU box
       rm -rf /tmp/cu-site
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/cu-site \
         .device-cu/wheels/apache_tvm_ffi-*.whl || rc=1
-      # the device has no vLLM: its reference modules are mounted from .device-cu/vllm_src (tests/gpu/vllm_mount.py)
+      # the device has no vLLM: its reference modules are mounted from .device-cu/vllm_src (tests/gpu/checks/vllm_mount.py)
       rm -f "$OUT/cutedsl.strace"; TRACE=()
       command -v strace >/dev/null && TRACE=(strace -f -qq -e trace=execve,access -o "$OUT/cutedsl.strace")
-      PYTHONPATH=/tmp/cu-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 ${TRACE[@]+"${TRACE[@]}"} python3 tests/gpu/check_cutedsl_launch.py \
+      PYTHONPATH=/tmp/cu-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 ${TRACE[@]+"${TRACE[@]}"} python3 tests/gpu/checks/check_cutedsl_launch.py \
         --dir .device-cu --json "$OUT/check_cutedsl_launch.json" 2>&1 | tail -50 || rc=1
       [ -f "$OUT/cutedsl.strace" ] && echo "processes started during the CuTeDSL calls (execve between the check's markers):" \
         "$(awk '/nojit-cutedsl-calls-begin/{on=1} /nojit-cutedsl-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/cutedsl.strace")"
@@ -259,10 +259,10 @@ PY
       WHEELS=$(ls .device-fi/wheels/*.whl .device-cu/wheels/*.whl .device-hg/wheels/*.whl 2>/dev/null | awk -F/ '!seen[$NF]++')
       [ -n "$WHEELS" ] && { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S $WHEELS || rc=1; }
       [ -f .device-dg/deep_gemm.tar.xz ] && { tar -xJf .device-dg/deep_gemm.tar.xz -C .device-dg || rc=1; }
-      ${CC:-cc} -shared -fPIC -O2 -o $S/libnojit_exec_guard.so tests/gpu/exec_guard.c -ldl || rc=1
+      ${CC:-cc} -shared -fPIC -O2 -o $S/libnojit_exec_guard.so tests/gpu/checks/exec_guard.c -ldl || rc=1
       chmod +x .device-hg/site/humming/_native/*/nvrtc_compile 2>/dev/null
       # DeepGEMM's generated kernels compiled here with nojit's command line (a build step, before the process)
-      [ -f .device-dg/src/sources.json ] && { python3 tests/gpu/check_one_process.py --role deepgemm-build 2>&1 | tail -3 || rc=1; }
+      [ -f .device-dg/src/sources.json ] && { python3 tests/gpu/checks/check_one_process.py --role deepgemm-build 2>&1 | tail -3 || rc=1; }
       MERGE=(--merge .device-one/rest.nojit)
       if grep -q '"runtime": "deepgemm"' .device-one/preflight.plan.json && [ -d .device-dg/deep_gemm/include/cute ]; then
         # DeepGEMM's planned entries (its own generated source and flags, enumerated on the box) compiled here by
@@ -272,7 +272,7 @@ PY
         NOJIT_DEEPGEMM_PACKAGE=.device-dg/deep_gemm python3 -m nojit.aot.cli build --from-plan .device-one/preflight.plan.json \
           --kernel-sources "$MAP" --runtime deepgemm -j 16 --quiet -o $W/dg.nojit 2>&1 | tail -4 && MERGE+=(--merge $W/dg.nojit) || rc=1
         echo "deepgemm entries compiled here from the plan in $(( ($(date +%s%N) - T0) / 1000000 )) ms"
-        [ -f .device-one/box_deepgemm.json ] && python3 tests/gpu/check_one_process.py --role deepgemm-same \
+        [ -f .device-one/box_deepgemm.json ] && python3 tests/gpu/checks/check_one_process.py --role deepgemm-same \
           --bundle $W/dg.nojit --box .device-one/box_deepgemm.json 2>&1 | tail -3
       fi
       T0=$(date +%s%N)
@@ -281,11 +281,11 @@ PY
       python3 -m nojit.aot.cli inspect $W/one.nojit 2>&1 | head -14
       # the JIT reference of vLLM's call sites, Triton's JIT from an empty cache (also the JIT side of the table)
       T0=$(date +%s%N)
-      TRITON_CACHE_DIR=$(mktemp -d) python3 tests/gpu/check_call_sites.py --child jit --vllm-src .device/vllm_src \
+      TRITON_CACHE_DIR=$(mktemp -d) python3 tests/gpu/checks/check_call_sites.py --child jit --vllm-src .device/vllm_src \
         --seed 1 --out $W/jit.json --replay $W/jit_writes.pt 2>&1 | tail -5 || rc=1
       echo "call-site JIT reference run (empty Triton cache): $(( ($(date +%s%N) - T0) / 1000000 )) ms"
       python3 -c "import json; j=json.load(open('$W/jit.json')); print('JIT run:', len(j['compiles']), 'Triton compiles,', round(j['seconds'], 1), 's of steps')" || rc=1
-      [ -f .device-cu/manifest.json ] && { PYTHONPATH=$S:$PYTHONPATH python3 tests/gpu/check_one_process.py --role cutedsl-link \
+      [ -f .device-cu/manifest.json ] && { PYTHONPATH=$S:$PYTHONPATH python3 tests/gpu/checks/check_one_process.py --role cutedsl-link \
         --bundle $W/one.nojit --cutedsl-work $W/cute 2>&1 | tail -3 || rc=1; }
       mkdir -p $W/nocc
       for t in sh bash env uname cat ls ldconfig nvidia-smi python3; do p=$(PATH=$PATH:/sbin:/usr/sbin command -v $t) && ln -sf "$p" $W/nocc/$t; done
@@ -296,20 +296,20 @@ PY
       ONE_ENV=(env PATH=$W/nocc LD_LIBRARY_PATH=$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
         PYTHONPATH=$S:.device-hg/site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 HUMMING_DISABLE_PARALLEL_BUILD=1
         LD_PRELOAD=$S/libnojit_exec_guard.so)
-      "${ONE_ENV[@]}" $PY tests/gpu/check_one_process.py --bundle $W/one.nojit --plan .device-one/preflight.plan.json \
+      "${ONE_ENV[@]}" $PY tests/gpu/checks/check_one_process.py --bundle $W/one.nojit --plan .device-one/preflight.plan.json \
         --jit-json $W/jit.json --seed 1 --cutedsl-work $W/cute --json "$OUT/check_one.json" 2>&1 | tail -150 || rc=1
-      EXPECT=$(python3 tests/gpu/check_one_process.py --role without --bundle $W/one.nojit --out $W/minus1.nojit --drop-entry 0)
+      EXPECT=$(python3 tests/gpu/checks/check_one_process.py --role without --bundle $W/one.nojit --out $W/minus1.nojit --drop-entry 0)
       echo "negative control: removed $EXPECT"
-      "${ONE_ENV[@]}" $PY tests/gpu/check_one_process.py --role negative --bundle $W/minus1.nojit \
+      "${ONE_ENV[@]}" $PY tests/gpu/checks/check_one_process.py --role negative --bundle $W/minus1.nojit \
         --plan .device-one/preflight.plan.json --cutedsl-work $W/cute --expect "$EXPECT" 2>&1 | tail -12 || rc=1
       [ -d .device-dg/deep_gemm/include/cute ] && { CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} timeout 200 python3 \
-        tests/gpu/check_one_process.py --role deepgemm-jit --plan .device-one/preflight.plan.json --sample "${DG_JIT_SAMPLE:-4}" --seed 7 \
+        tests/gpu/checks/check_one_process.py --role deepgemm-jit --plan .device-one/preflight.plan.json --sample "${DG_JIT_SAMPLE:-4}" --seed 7 \
         --json "$OUT/deepgemm_jit.json" 2>&1 | tail -8 || rc=1; }
-      python3 tests/gpu/check_one_process.py --role table --json "$OUT/check_one.json" --jit-json $W/jit.json \
+      python3 tests/gpu/checks/check_one_process.py --role table --json "$OUT/check_one.json" --jit-json $W/jit.json \
         --plan .device-one/preflight.plan.json || rc=1
       ;;
     flashinfer)  # .device/flashinfer.nojit from `nojit build --runtime flashinfer` on the CPU box
-      python3 tests/gpu/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
+      python3 tests/gpu/checks/check_flashinfer.py .device/flashinfer.nojit --json "$OUT/check_flashinfer.json" 2>&1 | tail -20 || rc=1
       ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

@@ -1,7 +1,7 @@
 """On the GPU: what the C launch path reads through torch's DLPack C exchange API (csrc/nojit_dlpack.h) is what
 torch's own accessors say: a CUDA tensor's data pointer, device and dtype, and the current stream (eager, under
 a side stream, and inside CUDA-graph capture, where it must be the capture stream). The runner's launches under
-capture are checked end to end in tests/gpu/check_bound_grid_graph.py (device step `fastpath`)."""
+capture are checked end to end in tests/gpu/checks/check_bound_grid_graph.py (device step `fastpath`)."""
 
 from __future__ import annotations
 

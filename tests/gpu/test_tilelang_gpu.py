@@ -49,7 +49,7 @@ def report(tmp_path_factory):
     if not any(k.runtime == "tilelang" for k in Bundle.open(bundle).manifest.kernels.values()):
         pytest.skip(f"{bundle} has no TileLang kernels")
     out = tmp_path_factory.mktemp("tlgpu") / "report.json"
-    p = subprocess.run([sys.executable, os.path.join(HERE, "check_tilelang.py"), "--bundle", bundle, "--vllm-src",
+    p = subprocess.run([sys.executable, os.path.join(HERE, "checks", "check_tilelang.py"), "--bundle", bundle, "--vllm-src",
                         _vllm_src(tmp_path_factory), "--sizes", SIZES, "--json", str(out)],
                        capture_output=True, text=True, timeout=1800)
     assert out.exists(), f"check_tilelang.py exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"

@@ -32,7 +32,7 @@ def bundle():
 @pytest.mark.parametrize("kernel", ["ComputePrefillMetadataKernel", "CombineTopkSwaIndicesKernel"])
 def test_bundled_keys_match_the_jit_bit_for_bit(bundle, kernel, variant):
     sources = os.environ.get("NOJIT_TEST_KERNEL_SOURCES", os.path.join(ROOT, ".device", "kernels", "map.json"))
-    cmd = [sys.executable, os.path.join(HERE, "check_triton.py"), "--bundle", bundle, "--kernels", kernel,
+    cmd = [sys.executable, os.path.join(HERE, "checks", "check_triton.py"), "--bundle", bundle, "--kernels", kernel,
            "--variant", variant, "--parallel", "1"]
     if os.path.exists(sources):
         cmd += ["--sources", sources]

@@ -12,12 +12,12 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the toy rooms, and tests/ for the dry launcher
+sys.path[:0] = [HERE, os.path.dirname(os.path.dirname(HERE))]  # the toy rooms, and the repository root (tests.support)
 
 import build_room  # noqa: E402
 import serve_room  # noqa: E402
 import toy_kernels  # noqa: E402
-from dry_launcher import install_dry_run  # noqa: E402
+from tests.support.dry_launcher import install_dry_run  # noqa: E402
 
 from nojit.aot import runtimes as aot_runtimes  # noqa: E402
 from nojit.loader import runtimes as loader_runtimes  # noqa: E402

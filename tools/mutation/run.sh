@@ -17,15 +17,15 @@ CR=${CR:-$(command -v cosmic-ray || echo "$root/.venv/bin/cosmic-ray")}
 CRPY=$(dirname "$CR")/python
 PY=${PY:-$root/.venv/bin/python}
 # Tests per target: the fast, deterministic ones first (pytest -x stops at the first failure).
-RS="tests/test_schema_rules.py tests/test_mutation_kills.py tests/test_bundle_format.py tests/test_launch_expr.py tests/test_bundle_hostile.py"
+RS="tests/loader/bundle/test_schema_rules.py tests/loader/bundle/test_mutation_kills.py tests/loader/bundle/test_file.py tests/loader/bundle/test_launch_expr.py tests/loader/bundle/test_file_hostile.py"
 RS_K="not real_bundle and not kernel_ids and not allow_mismatch and not install_checks and not driver_errors and not contained_outside"
 case $target in
   reader)       module=loader/bundle/file.py;  every=2; tests="$RS"; k="$RS_K" ;;
   schema)       module=loader/bundle/manifest.py;     every=6; tests="$RS"; k="$RS_K" ;;
-  expr)         module=loader/bundle/launch_expr.py;  every=6; tests="tests/test_launch_expr.py tests/test_mutation_kills.py tests/test_schema_rules.py"; k="$RS_K" ;;
-  values)       module=loader/bundle/key_values.py;   every=4; tests="tests/test_schema_rules.py tests/test_mutation_keys.py tests/test_mutation_kills.py"; k="$RS_K" ;;
-  triton_key)   module=loader/bundle/triton_key.py;   every=5; tests="tests/test_mutation_keys.py"; k="triton" ;;
-  tilelang_key) module=loader/bundle/tilelang_key.py; every=3; tests="tests/test_mutation_keys.py"; k="tilelang" ;;
+  expr)         module=loader/bundle/launch_expr.py;  every=6; tests="tests/loader/bundle/test_launch_expr.py tests/loader/bundle/test_mutation_kills.py tests/loader/bundle/test_schema_rules.py"; k="$RS_K" ;;
+  values)       module=loader/bundle/key_values.py;   every=4; tests="tests/loader/bundle/test_schema_rules.py tests/loader/bundle/test_mutation_keys.py tests/loader/bundle/test_mutation_kills.py"; k="$RS_K" ;;
+  triton_key)   module=loader/bundle/triton_key.py;   every=5; tests="tests/loader/bundle/test_mutation_keys.py"; k="triton" ;;
+  tilelang_key) module=loader/bundle/tilelang_key.py; every=3; tests="tests/loader/bundle/test_mutation_keys.py"; k="tilelang" ;;
   *) echo "unknown target $target" >&2; exit 2 ;;
 esac
 [ -n "${EVERY:-}" ] && every=$EVERY

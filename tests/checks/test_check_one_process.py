@@ -1,0 +1,87 @@
+"""CPU side of tests/gpu/checks/check_one_process.py (issue 23): the plan preflight and the negative control's bundle.
+
+The negative control removes one exact entry and expects the start to fail at preflight with one message naming it.
+Written as the attack: the entry is removed; the positive control is the same preflight on the whole bundle, which
+passes, so the failure comes from the removal and nothing else. A generic entry with the same key as the removed
+exact one must not hide the removal (a bundle has both: one per divisibility pattern).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from nojit.aot.bundle_writer import write_bundle
+from nojit.loader.bundle.file import Bundle, canonical_json
+from nojit.loader.errors import PreflightError
+from nojit.loader.bundle.manifest import Entry
+
+from tests.loader.bundle.test_file import PRODUCER, TARGET, _inputs
+from tests.support.common import GPU_CHECKS
+
+sys.path.insert(0, GPU_CHECKS)
+from check_one_process import bundle_without, plan_preflight  # noqa: E402
+
+
+def _bundle_and_plan(tmp_path) -> tuple[str, str]:
+    kernels, entries, cubins = _inputs(5)
+    # a generic entry with the key of the first exact one (the build makes such pairs)
+    entries.append(Entry(entries[0].kernel, entries[0].key, "generic", entries[0].blob, entries[0].launch, "generic"))
+    path = str(tmp_path / "b.nojit")
+    write_bundle(path, PRODUCER, TARGET, {"name": "t"}, kernels, entries, cubins)
+    plan = {"kernels": {k.id: {"runtime": k.runtime} for k in kernels},
+            "requests": [{"kernel": e.kernel, "key": e.key, "variant": e.variant} for e in entries]}
+    plan_path = str(tmp_path / "plan.json")
+    with open(plan_path, "w") as f:
+        json.dump(plan, f)
+    return path, plan_path
+
+
+def test_whole_bundle_passes_preflight(tmp_path):
+    path, plan = _bundle_and_plan(tmp_path)
+    assert plan_preflight(Bundle.open(path), plan, {"triton"}) == {"triton": 6}
+
+
+def test_one_entry_removed_fails_preflight_naming_it(tmp_path):
+    path, plan = _bundle_and_plan(tmp_path)
+    minus = str(tmp_path / "minus.nojit")
+    dropped = bundle_without(path, minus, drop_entry=0)
+    kernel, _, key = dropped.partition(" ")
+    b = Bundle.open(minus)
+    assert len(b.manifest.entries) == len(Bundle.open(path).manifest.entries) - 1
+    with pytest.raises(PreflightError) as exc:
+        plan_preflight(b, plan, {"triton"})
+    listed = [ln for ln in str(exc.value).splitlines() if ln.startswith("  ") and not ln.startswith("  fix")]
+    assert len(listed) == 1 and kernel in listed[0] and key[:60] in listed[0], str(exc.value)
+
+
+def test_without_a_runtime_keeps_the_others_and_their_blobs(tmp_path):
+    path, _ = _bundle_and_plan(tmp_path)
+    out = str(tmp_path / "none.nojit")
+    bundle_without(path, out, frozenset({"triton"}))
+    assert Bundle.open(out).manifest.kernels == {}
+    same = str(tmp_path / "same.nojit")
+    bundle_without(path, same, frozenset({"tilelang"}))
+    a, b = Bundle.open(path), Bundle.open(same)
+    assert [canonical_json(e.key) for e in a.manifest.entries] == [canonical_json(e.key) for e in b.manifest.entries]
+    assert all(b.read_blob(e.blob) == a.read_blob(e.blob) for e in a.manifest.entries)
+
+
+def test_flashinfer_part_reads_only_flashinfer_entries():
+    """The H200 run of session 8 failed the FlashInfer part before any call: it read every entry's launch as
+    FlashInfer's, and a Humming entry's launch has no `kind`. Only FlashInfer entries are read now."""
+    import re
+    from types import SimpleNamespace as NS
+
+    from check_one_process import flashinfer_shapes_and_modules
+
+    kernels = {"fi:gemm": NS(runtime="flashinfer"), "fi:mod": NS(runtime="flashinfer"), "hg:k": NS(runtime="humming")}
+    entries = [NS(kernel="hg:k", launch=NS(config="no kind here")),
+               NS(kernel="fi:gemm", launch=NS(kind="trtllm_deepgemm", module="gemm_swapAB_4096_512_x")),
+               NS(kernel="fi:mod", launch=NS(kind="module", module="sampling"))]
+    shapes, modules = flashinfer_shapes_and_modules(NS(kernels=kernels, entries=entries),
+                                                    re.compile(r"gemm_swapAB_(\d+)_(\d+)_"))
+    assert (shapes, modules) == ([(4096, 512)], ["sampling"])

@@ -1,0 +1,317 @@
+"""Red team of strict mode's exec side (issue 21), each attempt written as the attack in a fresh strict-mode process
+set up as the loader sets it up (tests/probes/probe_redteam.py: install() of a small real bundle, Landlock on), against a
+Python environment the test makes (a venv owned by the serving user, as a deployment's often is) and, where root,
+a second user made with useradd. A form compiles when cc1 (gcc's compiler proper) turns x.c into assembly, or gcc
+answers -dumpversion.
+
+Refused forms have their permissive control (the same form compiles there). Holes are `xfail(strict=True)`: each
+asserts what strict mode should do and fails today; the attack working is the xfail's own positive control, since
+the same process shows cc1 refused when it is started from its own path (fd_of_cc1_execveat).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import pwd
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from tests.support.common import ROOT
+from nojit.loader.strict import landlock
+
+PROBE = os.path.join(ROOT, "tests", "probes", "probe_redteam.py")
+HAVE_GCC = all(os.path.exists(p) for p in ("/usr/bin/gcc", "/usr/bin/as", "/usr/bin/ld"))
+pytestmark = [pytest.mark.skipif(not HAVE_GCC, reason="gcc is needed to show the attacks work"),
+              pytest.mark.skipif(landlock.abi_version() is None, reason="this kernel has no Landlock")]
+
+REFUSED = ("fd_of_cc1_execveat", "opath_of_cc1_proc", "shebang_gcc", "spawnp_reset_path", "gcc_abs")
+
+
+@pytest.fixture(scope="module")
+def other_user():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the test makes a second user with useradd")
+    name = f"nojit-red-{secrets.token_hex(3)}"
+    made = subprocess.run(["useradd", "-r", "-M", "-U", "-s", "/usr/sbin/nologin", name], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"useradd failed: {made.stderr.strip()[:200]}")
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def work():
+    """x.c, cc1's path, allowed/ (NOJIT_EXEC_ALLOW) with a tool and a `#!/usr/bin/gcc` script, a venv, a bundle;
+    in a folder of /tmp mode 0755 (pytest's own is 0700), so the second user reaches what is theirs in it."""
+    w = pathlib.Path(tempfile.mkdtemp(prefix="nojit-red-", dir="/tmp"))
+    os.chmod(w, 0o755)
+    try:
+        yield _make(w)
+    finally:
+        shutil.rmtree(w, ignore_errors=True)
+
+
+def _make(w: pathlib.Path) -> pathlib.Path:
+    (w / "x.c").write_text("int main(void) { return 0; }\n")
+    cc1 = subprocess.run(["gcc", "-print-prog-name=cc1"], capture_output=True, text=True, check=True).stdout.strip()
+    (w / "cc1").write_text(cc1)
+    (w / "allowed").mkdir()
+    (w / "xdg").mkdir(mode=0o700)
+    (w / "allowed" / "script").write_text("#!/usr/bin/gcc -dumpversion\n")
+    os.chmod(w / "allowed" / "script", 0o755)
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(w / "venv")],
+                   check=True)
+    import site
+
+    purelib = subprocess.run([str(w / "venv" / "bin" / "python"), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    with open(os.path.join(purelib, "parent.pth"), "w") as f:  # this environment's packages (cffi, zstandard, and
+        # nojit itself: addsitedir runs their .pth files too, so an editable install's finder is there as well)
+        f.write("".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))
+    from tests.support.bundle_bytes import seal
+    from tests.loader.bundle.test_schema_rules import valid
+
+    (w / "b.nojit").write_bytes(seal(*valid()))
+    return w
+
+
+def _cc1(work) -> str:
+    return os.path.realpath((work / "cc1").read_text().strip())
+
+
+def run_probe(work, mode: str, user=None, forms: str = "", xdg: str = "xdg", allow: bool = True,
+              apart: bool = False) -> dict:
+    """`apart`: working, home and temporary folders of the probe's own (work/), so that none is above the Python
+    environment's NVRTC builtins (a copy below one is left readable: nvrtc_builtins.py), wherever the suite runs."""
+    for p in work.glob("out_*"):
+        p.unlink()
+    env = {**os.environ, "NOJIT_MODE": mode, "XDG_RUNTIME_DIR": str(work / xdg),
+           "NOJIT_EVENT_LOG": str(work / "events.jsonl"), "REDTEAM_FORMS": forms}
+    if apart:
+        for name in ("home", "tmp"):
+            (work / name).mkdir(mode=0o700, exist_ok=True)
+        env.update(HOME=str(work / "home"), TMPDIR=str(work / "tmp"))
+    env.pop("NOJIT_EXEC_ALLOW", None)
+    if allow:  # overwrite_allowed_file leaves cc1's bytes in allowed/tool
+        shutil.copy("/bin/true", work / "allowed" / "tool")
+        env["NOJIT_EXEC_ALLOW"] = str(work / "allowed")
+    if user is not None:
+        env.update(REDTEAM_UID=str(user.pw_uid), REDTEAM_GID=str(user.pw_gid))
+    for name in ("NOJIT_FIREWALL_DIR", landlock.ACTIVE_ENV):
+        env.pop(name, None)
+    p = subprocess.run([str(work / "venv" / "bin" / "python"), PROBE, str(work / "b.nojit"), str(work)],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=str(work) if apart else None)
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, f"the probe printed no result (exit {p.returncode})\n{p.stderr[-3000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert result["mode"] == mode and result["errors"] == {}, result
+    return result
+
+
+@pytest.fixture(scope="module")
+def strict(work):
+    r = run_probe(work, "strict")
+    assert r["landlock"] == "on", r
+    return r
+
+
+def test_refused_fd_paths_shebang_and_a_reset_path(work, strict):
+    """execveat(AT_EMPTY_PATH) and /proc/self/fd/N of cc1's own file (O_RDONLY and O_PATH), a `#!/usr/bin/gcc`
+    script in an allowed folder, posix_spawnp("gcc") with PATH=/usr/bin:/bin, gcc by absolute path: refused."""
+    assert {f: strict["compiled"][f] for f in REFUSED} == {f: False for f in REFUSED}, strict
+    control = run_probe(work, "permissive")
+    assert {f: control["compiled"][f] for f in REFUSED} == {f: True for f in REFUSED}, control
+
+
+def test_outside_the_dynamic_loader_runs_the_gcc_driver(strict):
+    """README, outside the guarantee: ld.so maps the program; the driver answers, though its cc1 exec is refused."""
+    assert strict["compiled"]["ld_so_gcc_driver"] is True
+
+
+def test_outside_a_thread_that_existed_before_install_runs_gcc_without_tsync(strict):
+    """README, outside the guarantee: without Landlock's TSYNC (ABI 8) a thread started before install is not
+    restricted, and the startup line counts it (by its OS name: CPython 3.11 leaves that `python`)."""
+    assert strict["compiled"]["thread_before_install"] is (not strict["tsync"]), strict
+    if not strict["tsync"]:
+        assert "1 earlier threads not covered" in strict["summary"], strict
+
+
+@pytest.mark.xfail(strict=True, reason="hole: Landlock does not check files on kernel-internal mounts (memfd); "
+                   "vm.memfd_noexec=2 is a pid-namespace-wide sysctl that needs CAP_SYS_ADMIN (not the serving "
+                   "process's to set), and a seccomp filter could only refuse memfd_create or execveat outright: "
+                   "legitimate users in the serving tree (the driver, NCCL) are not shown safe from that on the GPU, "
+                   "and the /proc/self/fd/N form is an execve of a path seccomp cannot read")
+def test_a_compiler_copied_into_a_memfd_is_refused(strict):
+    assert not strict["compiled"]["memfd_execveat"] and not strict["compiled"]["memfd_proc_path"], strict
+
+
+@pytest.mark.xfail(strict=True, reason="hole: the rules are on folders and inodes judged at install; a compiler this "
+                   "user writes later into a whole-tree folder (its venv) or over an allowed file runs; closing it "
+                   "needs write rights handled by the ruleset, not small")
+def test_a_compiler_written_after_install_by_this_user_is_refused(strict):
+    assert strict["tree"], strict  # the venv is a whole-tree rule this user can write
+    assert not strict["compiled"]["copy_after_install"] and not strict["compiled"]["overwrite_allowed_file"], strict
+
+
+def test_a_file_another_user_can_write_in_an_allowed_folder_never_runs(work, other_user):
+    """Fixed: a tool of the second user in a folder of root's (NOJIT_EXEC_ALLOW) got an inode rule; they rewrote it
+    as cc1 after install and the server ran it. Now such a file gets no rule (also 0666 files of root's)."""
+    theirs = work / "allowed" / "theirs"
+    shutil.copy("/bin/true", theirs)
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    try:
+        r = run_probe(work, "strict", other_user, "others_file_in_allowed,gcc_abs")
+        assert theirs.stat().st_size == os.stat(_cc1(work)).st_size  # the rewrite happened
+        assert r["compiled"] == {"others_file_in_allowed": False, "gcc_abs": False}, r
+        shutil.copy("/bin/true", theirs)
+        os.chown(theirs, 0, 0)
+        os.chmod(theirs, 0o777)
+        comp = landlock.compilers_mod.find(None)
+        p = landlock.plan(comp, [], [str(work / "allowed")])
+        assert str(theirs) not in p.files and any(u.startswith(str(theirs)) for u in p.unsafe)
+        os.chmod(theirs, 0o755)
+        assert str(theirs) in landlock.plan(comp, [], [str(work / "allowed")]).files  # control: ours, it runs
+    finally:
+        theirs.unlink()
+
+
+def test_positive_control_the_other_users_rewrite_runs_without_the_check(work, other_user, monkeypatch):
+    """The rewrite itself works: in permissive mode the second user's rewritten tool compiles."""
+    theirs = work / "allowed" / "theirs"
+    shutil.copy("/bin/true", theirs)
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    try:
+        assert run_probe(work, "permissive", other_user, "others_file_in_allowed")["compiled"] == \
+            {"others_file_in_allowed": True}
+    finally:
+        theirs.unlink()
+
+
+@pytest.mark.xfail(strict=True, reason="hole: a whole-tree rule covers folders below it that another user owns "
+                   "(only the root and the folders above it are checked); walking every tree costs seconds and the "
+                   "cached plan would not see a later chown deep inside, not small")
+def test_a_folder_of_another_user_below_a_whole_tree_root_never_runs(work, other_user):
+    theirs = work / "venv" / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
+    try:
+        r = run_probe(work, "strict", other_user, "others_folder_in_tree,gcc_abs")
+        assert (theirs / "tool").stat().st_size == os.stat(_cc1(work)).st_size  # the copy happened
+        assert r["compiled"]["gcc_abs"] is False  # the same process refuses gcc itself
+        assert r["compiled"]["others_folder_in_tree"] is False, r
+    finally:
+        shutil.rmtree(theirs)
+
+
+def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
+    """Fixed: exec-plan.json in the runtime folder was trusted; a process of this user that appended a folder rule
+    for "/" (the key and every stamp unchanged) widened the next strict process's allow-list, and gcc ran. Now a
+    cached plan that names what plan() could not (a rule outside the roots, on a folder above a compiler, or for
+    a compiler) is planned again. compilers.json stays trusted (README)."""
+    (work / "xdg-cache").mkdir(mode=0o700)
+    first = run_probe(work, "strict", forms="gcc_abs", xdg="xdg-cache", allow=False)
+    assert first["compiled"] == {"gcc_abs": False}
+    cached = work / "xdg-cache" / "nojit" / "exec-plan.json"
+    data = json.loads(cached.read_text())
+    data["folders"].append("/")  # same key, every listed stamp unchanged: the next process reuses it
+    cached.write_text(json.dumps(data))
+    os.chmod(cached, stat.S_IRUSR | stat.S_IWUSR)
+    again = run_probe(work, "strict", forms="gcc_abs", xdg="xdg-cache", allow=False)
+    assert again["compiled"] == {"gcc_abs": False}, again
+
+
+def test_positive_control_a_rewritten_plan_is_reused_without_the_check(tmp_path, monkeypatch):
+    """Without the check, the rewritten plan is taken from the cache as it is, a folder rule on "/" with it (which
+    lets everything run: the red team's run before the fix compiled). Also: a rule for gcc itself is refused."""
+    comp = landlock.compilers_mod.find(None)
+    roots = landlock.default_roots()
+    landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+    cached = tmp_path / "exec-plan.json"
+    data = json.loads(cached.read_text())
+    for tamper in ({"folders": [*data["folders"], "/"]}, {"files": [*data["files"], os.path.realpath("/usr/bin/gcc")]}):
+        cached.write_text(json.dumps({**data, **tamper}))
+        checked = landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+        assert not checked.from_cache and "/" not in checked.folders
+        assert os.path.realpath("/usr/bin/gcc") not in checked.files
+        cached.write_text(json.dumps({**data, **tamper}))
+        with monkeypatch.context() as m:
+            m.setattr(landlock, "_could_be_planned", lambda *a: True)
+            trusted = landlock.cached_plan(comp, roots, [], [], str(tmp_path))
+        assert trusted.from_cache and (("/" in trusted.folders) or os.path.realpath("/usr/bin/gcc") in trusted.files)
+    cached.write_text(json.dumps(data))
+    assert landlock.cached_plan(comp, roots, [], [], str(tmp_path)).from_cache  # control: an untouched plan is reused
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("cuda") is None,
+                    reason="needs the nvidia-cuda-nvrtc wheel")
+def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
+    """Fixed: the in-process guards are per process, and a Python child that never installs nojit compiled CUDA C++
+    with a ctypes-loaded libnvrtc. Now NVRTC's builtins library (which NVRTC opens only to compile) cannot be read by
+    any process of the strict tree (Landlock, loader/strict/nvrtc_builtins.py): the child's compile fails. Control:
+    the same child compiles in permissive mode. (nvJitLink and the driver's PTX JIT in such a child: README.)"""
+    r = run_probe(work, "strict", forms="child_nvrtc,gcc_abs", allow=False, apart=True)
+    assert r["compiled"]["gcc_abs"] is False  # the child's process compilers are refused
+    assert r["compiled"]["child_nvrtc"] is False, r
+    assert "NVRTC builtins unreadable" in r["summary"], r["summary"]
+    control = run_probe(work, "permissive", forms="child_nvrtc", allow=False, apart=True)
+    assert control["compiled"]["child_nvrtc"] is True, control
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None, reason="needs the nvidia-nvjitlink wheel")
+@pytest.mark.xfail(strict=True, reason="hole: a Python child that never installs nojit links PTX to a cubin with a "
+                   "ctypes-loaded nvJitLink; the in-process guards are per process, and unlike NVRTC's builtins "
+                   "nvJitLink cannot be made unreadable to the process tree (torch's libcusparse links it, so every "
+                   "worker's import torch maps it); an environment-carried guard (LD_PRELOAD, sitecustomize) is dropped "
+                   "by a child started with an environment of its own")
+def test_a_python_child_that_never_installs_nojit_cannot_use_nvjitlink(work):
+    r = run_probe(work, "strict", forms="child_nvjitlink,gcc_abs", allow=False, apart=True)
+    assert r["compiled"]["gcc_abs"] is False  # the same process tree refuses gcc
+    assert r["compiled"]["child_nvjitlink"] is False, r
+
+
+def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp_path):
+    """TOCTOU on the pin after open: the pin covers the header and index only; sections and cubins are read later
+    by pread from the descriptor opened at open. A writer flipping every byte after the header in place (same
+    inode, as a shared mapping of the file would see it) gets a BundleCorruptError at each later read, never its
+    bytes served; a file renamed over the path is never read (the descriptor holds the old inode)."""
+    import hashlib
+
+    from tests.support.bundle_bytes import seal
+    from tests.loader.bundle.test_schema_rules import CUBIN_A, SHA_A, valid
+
+    from nojit.loader.bundle.file import HEADER, Bundle
+    from nojit.loader.errors import BundleCorruptError
+
+    raw = seal(*valid())
+    path = tmp_path / "b.nojit"
+    path.write_bytes(raw)
+    pin = hashlib.sha256(raw).hexdigest()
+    control = Bundle.open(str(path), expected_sha256=pin)
+    assert control.read_blob(SHA_A) == CUBIN_A and control.entries("vllm.m:k")  # control: the reads work
+    renamed = Bundle.open(str(path), expected_sha256=pin)
+    other = tmp_path / "other"
+    other.write_bytes(raw[:HEADER.size] + bytes(len(raw) - HEADER.size))
+    os.replace(other, path)  # a redeploy renamed over the path: the open bundles keep the old inode
+    assert renamed.read_blob(SHA_A) == CUBIN_A
+    path.write_bytes(raw)
+    flipped = Bundle.open(str(path), expected_sha256=pin)
+    with open(path, "r+b") as f:  # in place: same inode
+        f.seek(HEADER.size)
+        f.write(bytes(b ^ 0xFF for b in raw[HEADER.size:]))
+    with pytest.raises(BundleCorruptError):
+        flipped.read_blob(SHA_A)
+    with pytest.raises(BundleCorruptError):
+        flipped.entries("vllm.m:k")
