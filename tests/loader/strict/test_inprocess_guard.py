@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tests.support.common import PROBES
+from tests.support.common import PROBES, ROOT
 
 PROBE = os.path.join(PROBES, "probe_inprocess_compilers.py")
 
@@ -297,10 +297,9 @@ def test_driver_ptx_loads_refused_cubins_passed_through_the_stand_in_libcuda(tmp
     JIT-compiles every one (it counts). Under strict mode each answers CUDA_ERROR_JIT_COMPILATION_DISABLED with an
     event line naming the entry, nothing is compiled, and a cubin still loads through every one of them (through the
     trampoline to the original: the stand-in built at -O0 and -O2 gives different first instructions)."""
-    here = os.path.dirname(os.path.abspath(__file__))
     lib = tmp_path / "libcuda.so.1"
-    subprocess.run(["cc", "-shared", "-fPIC", opt, "-I", os.path.join(os.path.dirname(here), "csrc"),
-                    os.path.join(here, "csrc", "fake_libcuda.c"), "-o", str(lib)], check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", opt, "-I", os.path.join(ROOT, "csrc"),
+                    os.path.join(ROOT, "tests", "csrc", "fake_libcuda.c"), "-o", str(lib)], check=True)
     out = {}
     for mode in ("off", "strict", "early"):
         log = tmp_path / f"{mode}.jsonl"
@@ -356,9 +355,8 @@ def test_a_driver_reached_without_a_ctypes_load_is_patched_too(tmp_path, how):
     path) opened after strict mode went up by libc's own dlopen (as C code does), or by _ctypes.dlopen (which skips
     ctypes._dlopen's rescan), then PTX handed to its cuModuleLoadData. Refused: strict mode loaded libcuda.so.1 itself
     at install (patched), and a second dlopen gets that copy; _ctypes.dlopen rescans. Control: strict mode off."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(os.path.dirname(here), "csrc"),
-                    os.path.join(here, "csrc", "fake_libcuda.c"), "-o", str(tmp_path / "libcuda.so.1")], check=True)
+    subprocess.run(["cc", "-shared", "-fPIC", "-I", os.path.join(ROOT, "csrc"),
+                    os.path.join(ROOT, "tests", "csrc", "fake_libcuda.c"), "-o", str(tmp_path / "libcuda.so.1")], check=True)
     out = {}
     for mode in ("off", "strict"):
         env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl"), "LD_LIBRARY_PATH": str(tmp_path)}
