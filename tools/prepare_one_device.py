@@ -174,6 +174,23 @@ def deepgemm_sources(work: str, out: str) -> int:
     return len(entries)
 
 
+def one_wheel_each(repo: str) -> list[str]:
+    """Keep one wheel per (project, version) over the carried wheel folders: FlashInfer's and CuTeDSL's preparations
+    both download apache-tvm-ffi, with different platform tags, and the `one` step installs every wheel it finds into
+    one target (two of one project stop pip), besides carrying 2.7 MB twice."""
+    seen: set[tuple[str, str]] = set()
+    dropped = []
+    for folder in (".device-fi", ".device-cu", ".device-hg"):
+        wheels = os.path.join(repo, folder, "wheels")
+        for name in sorted(os.listdir(wheels)) if os.path.isdir(wheels) else []:
+            project, version = name.split("-")[:2]
+            if (project.lower(), version) in seen:
+                os.remove(os.path.join(wheels, name))
+                dropped.append(f"{folder}/wheels/{name}")
+            seen.add((project.lower(), version))
+    return dropped
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", required=True, action="append", help="the bundle (repeat: parts merged into one)")
@@ -214,6 +231,7 @@ def main() -> int:
     for name, rt in ((".device-fi", "flashinfer"), (".device-cu", "cutedsl"), (".device-hg", "humming")):
         if rt in runtimes and os.path.isdir(os.path.join(ROOT, name)):  # only what the bundle's runtimes need
             copy_without_bundles(os.path.join(ROOT, name), os.path.join(repo, name))
+    print(f"wheels dropped as the same project and version twice: {one_wheel_each(repo)}")
     cu_src = os.path.join(ROOT, ".device-cu", "vllm_src", "vllm")
     if os.path.isdir(cu_src):  # one vLLM tree in the process: the CuTeDSL references' files join the call sites'
         shutil.copytree(cu_src, os.path.join(repo, ".device", "vllm_src", "vllm"), dirs_exist_ok=True,
