@@ -84,8 +84,14 @@ def spec_v2(d: Deployment) -> bool:
     return v2(d) and d.spec_decode
 
 
+def text(d: Deployment) -> dict[str, Any]:
+    """The language model's HF config, as vLLM's hf_text_config: `text_config` where the checkpoint nests it (Qwen3.5)."""
+    inner = d.hf_config.get("text_config")
+    return inner if isinstance(inner, dict) else d.hf_config
+
+
 def vocab(d: Deployment) -> int:
-    return int(d.hf_config["vocab_size"])
+    return int(text(d)["vocab_size"])
 
 
 def k(d: Deployment) -> int:
@@ -94,7 +100,7 @@ def k(d: Deployment) -> int:
 
 def raw_logits(d: Deployment) -> Tensor:
     """compute_logits output: head_dtype = hf_config head_dtype or the model dtype (config/model.py:2521)."""
-    head = d.hf_config.get("head_dtype")
+    head = text(d).get("head_dtype")
     return T(getattr(torch, d.dtype if head in (None, "model") else str(head).lower()))
 
 
@@ -117,7 +123,8 @@ def draft_stride(d: Deployment) -> int:
 
 def lookahead(d: Deployment) -> int:
     """max(1, num_prefill_lookahead_tokens) (gpu/model_runner.py:280; config/vllm.py:655-675)."""
-    multi_module = min(int(d.hf_config.get("num_nextn_predict_layers", 1)), k(d)) > 1
+    layers = text(d).get("num_nextn_predict_layers", text(d).get("mtp_num_hidden_layers", 1))
+    multi_module = min(int(layers), k(d)) > 1
     return k(d) if d.spec_decode and multi_module else 1
 
 
@@ -402,7 +409,7 @@ def _spec_prepare_decode(d: Deployment) -> Calls:
 def _spec_update_draft(d: Deployment) -> Calls:
     # k > 1 only. Hidden states are the pre-hc_head residual, hidden_size * hc_mult wide
     # (spec_decode/speculator.py:119-135); greedy drafts are argmax int64.
-    width = int(d.hf_config["hidden_size"]) * int(d.hf_config.get("hc_mult", 1))
+    width = int(text(d)["hidden_size"]) * int(text(d).get("hc_mult", 1))
     dtype = getattr(torch, d.dtype)
     return on(spec_v2(d) and k(d) > 1, [dict(
         output_draft_tokens_ptr=T(I64), output_draft_tokens_stride=k(d), next_input_hidden_states_ptr=T(dtype),

@@ -1,0 +1,94 @@
+"""vLLM's own launch code run on the stand-in GPU, every Triton call it makes recorded.
+
+Qwen's kernels have no warmup declarations: vLLM warms them with real launches
+(`qwen_triton_warmup.py`, `mamba_triton_warmup.py`) and otherwise reaches them from its layer
+code. Here those launch functions run with fake CUDA tensors (torch's FakeTensorMode: shapes,
+strides, dtypes and storage offsets, no memory, no device) while `JITFunction.run` is replaced
+by the Triton room's recorder, so the host code (vLLM's wrappers, Triton's heuristics) decides
+every argument exactly as on the GPU. Each recorded call becomes the keyword call a derived row
+states (tensors as dtype + 16-byte alignment, the rest as passed); Triton's binder keys it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from nojit.aot.deployment import Deployment
+from nojit.aot.errors import BuildError
+from nojit.aot.runtimes.triton.enumeration import kernel_id, recording_jit_calls
+from nojit.aot.runtimes.triton.rows import Tensor
+
+Launch = Callable[[Deployment, torch.device], None]  # runs vLLM's launch code for one deployment
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Iterator[torch.device]:
+    """Fake CUDA tensors on a box with no GPU (constants made inside are fake too)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        yield torch.device("cuda", 0)
+
+
+def _argument(value: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(value, FakeTensor):  # the base allocation is 256-byte aligned; the view's offset decides
+        return Tensor(value.dtype, (value.storage_offset() * value.element_size()) % 16 == 0)
+    if isinstance(value, torch.Tensor):
+        raise BuildError("a recorded launch passed a real tensor", fix="make every tensor inside fake_cuda()")
+    return value
+
+
+def as_call(fn: Any, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One recorded JITFunction.run call as keyword arguments (parameters and launch options)."""
+    call = {name: _argument(v) for name, v in zip(fn.arg_names, args)}
+    call.update({k: _argument(v) for k, v in kwargs.items()})
+    return call
+
+
+def record(d: Deployment, launches: dict[str, Launch]) -> dict[str, list[dict[str, Any]]]:
+    """Run each launch (name -> function) and group the recorded calls by kernel id."""
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for name, launch in launches.items():
+        with recording_jit_calls() as calls, fake_cuda() as device:
+            try:
+                launch(d, device)
+            except BuildError:
+                raise
+            except Exception as exc:
+                raise BuildError(f"vLLM's launch code {name} failed on the stand-in GPU: {type(exc).__name__}: {exc}",
+                                 fix="check the deployment values; if they are right, report this to nojit") from exc
+        if not calls:
+            raise BuildError(f"vLLM's launch code {name} launched no Triton kernel",
+                             fix="report this to nojit with the vLLM version")
+        for fn, args, kwargs in calls:
+            out[kernel_id(fn)].append(as_call(fn, args, kwargs))
+    return dict(out)
+
+
+class Recorded:
+    """The recorded calls of one set of launches, per deployment (run once, read by every row)."""
+
+    def __init__(self, launches: dict[str, Launch], kernels: tuple[str, ...]) -> None:
+        self.launches, self.kernels = launches, kernels
+        self._cache: dict[int, tuple[Deployment, dict[str, list[dict[str, Any]]]]] = {}
+
+    def calls(self, d: Deployment) -> dict[str, list[dict[str, Any]]]:
+        hit = self._cache.get(id(d))
+        if hit is None or hit[0] is not d:
+            recorded = record(d, self.launches)
+            unknown = sorted(set(recorded) - set(self.kernels))
+            if unknown:  # a kernel vLLM reached that no row names would be dropped silently
+                raise BuildError(f"vLLM's launch code reached Triton kernels the Qwen rows do not name: {unknown}",
+                                 fix="add them to the kernel list of aot/models/qwen3_5/derived.py")
+            hit = self._cache[id(d)] = (d, recorded)
+        return hit[1]
+
+    def of(self, kernel: str) -> Callable[[Deployment], list[dict[str, Any]]]:
+        return lambda d: self.calls(d).get(kernel, [])
