@@ -119,5 +119,7 @@ def kv_cache_groups(d: Deployment) -> tuple[KVCacheGroup, ...]:
     n_gdn = len(types) - sum(t == "full_attention" for t in types)
     group = min(n_full, n_gdn) or max(n_full, n_gdn)
     bs = gdn_facts(d).block_size
-    count = -(-n_full // group) + -(-n_gdn // group)
-    return tuple(KVCacheGroup(bs, False) for _ in range(count))
+    # MambaSpec.num_speculative_blocks = num_speculative_tokens (mamba/abstract.py:86-90, no ReplaySSM)
+    spec_blocks = d.num_speculative_tokens if d.spec_decode else 0
+    attention = [KVCacheGroup(bs, False)] * -(-n_full // group)
+    return (*attention, *[KVCacheGroup(bs, False, mamba=True, speculative_blocks=spec_blocks)] * -(-n_gdn // group))
