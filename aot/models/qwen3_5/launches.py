@@ -2,11 +2,16 @@
 
 Qwen's kernels have no warmup declarations: vLLM warms them with real launches
 (`qwen_triton_warmup.py`, `mamba_triton_warmup.py`) and otherwise reaches them from its layer
-code. Here those launch functions run with fake CUDA tensors (torch's FakeTensorMode: shapes,
-strides, dtypes and storage offsets, no memory, no device) while `JITFunction.run` is replaced
-by the Triton room's recorder, so the host code (vLLM's wrappers, Triton's heuristics) decides
-every argument exactly as on the GPU. Each recorded call becomes the keyword call a derived row
-states (tensors as dtype + 16-byte alignment, the rest as passed); Triton's binder keys it.
+code. Here those launch functions run on the stand-in GPU while `JITFunction.run` is replaced by
+the Triton room's recorder, so the host code (vLLM's wrappers, Triton's heuristics) decides every
+argument exactly as on the GPU. Each recorded call becomes the keyword call a derived row states
+(tensors as dtype + 16-byte alignment, the rest as passed); Triton's binder keys it.
+
+The tensors are real CPU tensors made with `torch.empty` (pages never touched unless vLLM's host code
+copies them): CPU and CUDA share eager PyTorch's layout rules, which decide the strides the wrappers
+pass. FakeTensorMode does not: its `empty_like` of a [8192, 1] view with strides (1, 8192) gives
+(1, 1) where eager keeps (1, 8192), and causal_conv1d's `stride_o_token` is a key value (found by
+tests/test_qwen_strict_startup.py, whose serving-side launches run eagerly).
 """
 
 from __future__ import annotations
@@ -27,21 +32,15 @@ Launch = Callable[[Deployment, torch.device], None]  # runs vLLM's launch code f
 
 
 @contextlib.contextmanager
-def fake_cuda() -> Iterator[torch.device]:
-    """Fake CUDA tensors on a box with no GPU (constants made inside are fake too)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        yield torch.device("cuda", 0)
+def stand_in_device() -> Iterator[torch.device]:
+    """The device the launch code allocates on: the CPU, with no autograd (as vLLM's inference)."""
+    with torch.inference_mode():
+        yield torch.device("cpu")
 
 
 def _argument(value: Any) -> Any:
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    if isinstance(value, FakeTensor):  # the base allocation is 256-byte aligned; the view's offset decides
-        return Tensor(value.dtype, (value.storage_offset() * value.element_size()) % 16 == 0)
-    if isinstance(value, torch.Tensor):
-        raise BuildError("a recorded launch passed a real tensor", fix="make every tensor inside fake_cuda()")
+    if isinstance(value, torch.Tensor):  # what a Triton key sees of a tensor: its dtype and 16-byte alignment
+        return Tensor(value.dtype, value.data_ptr() % 16 == 0)
     return value
 
 
@@ -56,7 +55,7 @@ def record(d: Deployment, launches: dict[str, Launch]) -> dict[str, list[dict[st
     """Run each launch (name -> function) and group the recorded calls by kernel id."""
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for name, launch in launches.items():
-        with recording_jit_calls() as calls, fake_cuda() as device:
+        with recording_jit_calls() as calls, stand_in_device() as device:
             try:
                 launch(d, device)
             except BuildError:

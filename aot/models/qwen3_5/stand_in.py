@@ -1,4 +1,4 @@
-"""A GDN layer and a model runner as vLLM's launch code sees them, with fake CUDA tensors.
+"""A GDN layer and a model runner as vLLM's launch code sees them, with torch.empty CPU tensors.
 
 The layer carries what `qwen_triton_warmup._qwen_gdn_warmup_config` reads (head counts, TP size, the
 bound cache, norm, A_log, dt_bias) and vLLM's own methods the call sites use (`rearrange_mixed_qkv`,
