@@ -134,9 +134,9 @@ def test_the_counters_see_compiles_without_nojit(tmp_path, qwen_bundle):
 
 def test_strict_mode_refuses_inductor_with_the_switch_and_its_cost(tmp_path, qwen_bundle):
     """vLLM's own rule for this architecture: not among the breakable-CUDA-graph architectures, so O2 gives
-    VLLM_COMPILE (Inductor). The registry's construction refuses it, before anything compiles; mode NONE (what
-    VLLM_USE_BREAKABLE_CUDAGRAPH=1 sets) starts (the scenario above), and DeepSeek-V4's architecture is vLLM's
-    breakable default."""
+    VLLM_COMPILE (Inductor). The registry's construction refuses it, before anything compiles. The negative
+    control is the startup test above (its config has no Inductor: it starts), and DeepSeek-V4's architecture is
+    vLLM's breakable default (mode NONE)."""
     from vllm.config.compilation import CompilationMode
     from vllm.config.vllm import DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES
 
@@ -153,6 +153,4 @@ def test_strict_mode_refuses_inductor_with_the_switch_and_its_cost(tmp_path, qwe
     assert report["compiles"]["triton"] == 0
     if programs is not None:
         assert compiler_runs(programs, report)[0] == []
-    ok, _ = run_scenario(tmp_path / "none", qwen_bundle, "--compilation-mode", str(int(CompilationMode.NONE))) \
-        if (tmp_path / "none").mkdir() is None else (None, None)
-    assert "error" not in ok, ok["error"]["message"]
+    print(message)
