@@ -89,7 +89,7 @@ def test_plan_holds_every_kernel_the_call_sites_reach(tmp_path):
 
     plan = json.load(open(plan_path))
     planned = {r["kernel"] for r in plan["requests"] if r["variant"] == "exact"}
-    rowed = set(derived.SITES.kernels) | set(derived.WARMUP.kernels) | set(derived.MOE.kernels)
+    rowed = set(derived.SITES.kernels) | set(derived.WARMUP.kernels) | set(derived.MOE.kernels) | {derived.ROPE}
     assert rowed <= planned, sorted(rowed - planned)
     warm = {k for k, _ in plan_keys(str(plan_path), WARMUP_ORIGIN)}
     assert warm == set(derived.WARMUP.kernels), warm

@@ -9,10 +9,16 @@ Each set runs once per deployment and only when one of its kernels is selected (
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
+from nojit.aot.deployment import Deployment
 from nojit.aot.models.qwen3_5 import call_sites, moe
+from nojit.aot.models.qwen3_5.config import text_config
 from nojit.aot.models.qwen3_5.launches import Recorded
 from nojit.aot.models.qwen3_5.stand_in import qwen_warmup
-from nojit.aot.runtimes.triton.rows import DerivedKernel
+from nojit.aot.runtimes.triton.rows import DerivedKernel, Tensor
 
 FLA = "vllm.third_party.flash_linear_attention.ops"
 CONV = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
@@ -41,8 +47,30 @@ def _rows(recorded: Recorded, site: str, why: str, groups: tuple[str, ...]) -> t
     return tuple(DerivedKernel(k, site, recorded.of(k), why, groups) for k in recorded.kernels)
 
 
+ROPE = "vllm.v1.worker.gpu.mm.rope:_prepare_rope_positions_kernel"
+
+
+def _mrope_positions(d: Deployment) -> list[dict[str, Any]]:
+    """The V2 runner's M-RoPE positions (gpu/mm/rope.py:98-115, RopeState made when the model uses M-RoPE,
+    :118-135): positions [3, max_num_tokens + 1] int64 (:52), the staged prefill positions [max_num_seqs * 3,
+    max_model_len] int32 passed with strides 3 * max_model_len and max_model_len (UVA, offset 0)."""
+    rope = text_config(d.hf_config).get("rope_parameters") or text_config(d.hf_config).get("rope_scaling") or {}
+    if "v2" not in d.model_runners or not rope.get("mrope_section"):
+        return []
+    dims = 3  # mrope_num_dims: T, H, W
+    i32, i64 = torch.int32, torch.int64
+    return [dict(positions_ptr=Tensor(i64), positions_stride=d.max_num_batched_tokens + 1,
+                 prefill_positions_ptr=Tensor(i32), prefill_positions_stride0=dims * d.max_model_len,
+                 prefill_positions_stride1=d.max_model_len, prefill_delta_ptr=Tensor(i32),
+                 idx_mapping_ptr=Tensor(i64), query_start_loc_ptr=Tensor(i32), prefill_lens_ptr=Tensor(i32),
+                 num_computed_tokens_ptr=Tensor(i32), BLOCK_SIZE=1024, NUM_DIMS=dims)]
+
+
 QWEN_DERIVED: tuple[DerivedKernel, ...] = (
     _rows(WARMUP, "model_executor/warmup/qwen_triton_warmup.py:386", WHY_WARMUP, GDN)
     + _rows(SITES, "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:1556-2237", WHY_SITE, GDN)
     + _rows(MOE, "model_executor/layers/fused_moe/experts/triton_moe.py:322", WHY_MOE, ("qwen", "qwen-moe"))
+    + (DerivedKernel(ROPE, "v1/worker/gpu/mm/rope.py:106", _mrope_positions,
+                     "unregistered V2 runner kernel of M-RoPE models; warmed only by gpu/warmup.py's fake steps",
+                     ("qwen", "runner", "runner-v2")),)
 )
