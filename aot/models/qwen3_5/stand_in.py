@@ -5,7 +5,10 @@ bound cache, norm, A_log, dt_bias) and vLLM's own methods the call sites use (`r
 `_rms_norm_gated_cuda`), bound to it. The cache is laid out as vLLM's runner lays out a Mamba group:
 one padded page per block (the attention page, config.gdn_facts), the conv state first and the
 recurrent state after it, each viewed with the page as its block stride (v1/core/kv_cache_planning.py:
-706-735, layer-outermost layout, FlashAttention's; SD conv layout, mamba/mamba_utils.py:28-45).
+706-735 for a layer-outermost layout). The layout is LBNHC: FlashAttention declares no layouts
+(v1/attention/backend.py:372), so vLLM takes its default preference, LBNHC first
+(v1/attention/backends/utils.py:227-235); the GDN and attention specs' mixed shapes keep only block-compact
+layouts (:332-342), which LBNHC is (v1/kv_cache_layout.py:50-53). SD conv layout (mamba/mamba_utils.py:28-45).
 """
 
 from __future__ import annotations
