@@ -103,9 +103,9 @@ def gdn_facts(d: Deployment) -> GdnFacts:
 def kv_cache_groups(d: Deployment) -> tuple[KVCacheGroup, ...]:
     """The KV-cache groups vLLM builds for a hybrid GDN model, as the runners' block tables see them.
 
-    Layers of one type are grouped in groups of equal size (v1/core/kv_cache_utils.py, hybrid grouping): the
-    full-attention layers (every `full_attention_interval`-th, plus the MTP layers) and the GDN layers in
-    ceil(n_gdn / group size) groups. Every group has the aligned block size ("align" mode: mamba_block_size =
+    Layers of one spec are grouped in groups of equal size (v1/core/kv_cache_planning.py:416-526: the smallest
+    bucket's size, or the largest's when it is under 1.5 times the smallest): the full-attention layers (every
+    `full_attention_interval`-th, plus the MTP layers) and the GDN layers, each in ceil(n / group size) groups. Every group has the aligned block size ("align" mode: mamba_block_size =
     block_size, models/config.py:776-777); none is a sliding window.
     """
     tc = text_config(d.hf_config)
@@ -118,6 +118,8 @@ def kv_cache_groups(d: Deployment) -> tuple[KVCacheGroup, ...]:
         n_full += int(tc.get("mtp_num_hidden_layers", tc.get("num_nextn_predict_layers", 1)))
     n_gdn = len(types) - sum(t == "full_attention" for t in types)
     group = min(n_full, n_gdn) or max(n_full, n_gdn)
+    if max(n_full, n_gdn) < 1.5 * group:
+        group = max(n_full, n_gdn)
     bs = gdn_facts(d).block_size
     # MambaSpec.num_speculative_blocks = num_speculative_tokens (mamba/abstract.py:86-90, no ReplaySSM)
     spec_blocks = d.num_speculative_tokens if d.spec_decode else 0
