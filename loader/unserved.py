@@ -28,7 +28,7 @@ IN_STRICT = ("refused: its first compile raises CompileForbiddenError (compiler 
 
 # JITs no bundle runtime serves yet, reached by some models only (runtime ""): Qwen3.5 / Qwen3-Next on sm_90 with
 # vLLM 0.33.0 (issue 24). Strict mode refuses Inductor at the runner's registry (loader/inductor.py) and FlashInfer's
-# CuTeDSL prefill at its first compile (cute.compile under strict mode's guards, at the first prefill warmup).
+# CuTeDSL prefill is expected to meet strict mode's guards at its first compile (cute.compile; not shown by a test yet).
 MODEL_ONLY_JITS = (
     ProcessJit("Inductor (torch.compile)", "torch._inductor", "",
                "vLLM's default compilation (mode VLLM_COMPILE) for every architecture outside its breakable-CUDA-graph "
