@@ -85,12 +85,12 @@ def prefill(d: Deployment, device: torch.device) -> None:
             layer.rms_norm_gated(core, gate, core)
 
 
-def spec_decode(d: Deployment, device: torch.device) -> None:
+def spec_decode(d: Deployment, device: torch.device) -> bool | None:
     """MTP verification steps. Spec-only: the conv update on the split view (:2059), then vLLM's fused CUDA
     kernel (not Triton). Mixed with prefills or decodes: index_select'ed conv update (:1646) and
     fused_sigmoid_gating_delta_rule_update with the accepted counts (:1760), then the gated RMSNorm."""
     if not d.spec_decode:
-        return
+        return False
     conv = import_kernel_module(CONV)
     sig = import_kernel_module(f"{FLA}.fused_sigmoid_gating")
     layer = gdn_layer(d, device)

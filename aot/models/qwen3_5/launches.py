@@ -28,7 +28,9 @@ from nojit.aot.errors import BuildError
 from nojit.aot.runtimes.triton.enumeration import kernel_id, recording_jit_calls
 from nojit.aot.runtimes.triton.rows import Tensor
 
-Launch = Callable[[Deployment, torch.device], None]  # runs vLLM's launch code for one deployment
+# Runs vLLM's launch code for one deployment; returns False when the deployment does not reach it (then launching
+# nothing is right), None otherwise (then launching nothing is an error).
+Launch = Callable[[Deployment, torch.device], "bool | None"]
 
 
 @contextlib.contextmanager
@@ -57,13 +59,13 @@ def record(d: Deployment, launches: dict[str, Launch]) -> dict[str, list[dict[st
     for name, launch in launches.items():
         with recording_jit_calls() as calls, stand_in_device() as device:
             try:
-                launch(d, device)
+                reached = launch(d, device) is not False
             except BuildError:
                 raise
             except Exception as exc:
                 raise BuildError(f"vLLM's launch code {name} failed on the stand-in GPU: {type(exc).__name__}: {exc}",
                                  fix="check the deployment values; if they are right, report this to nojit") from exc
-        if not calls:
+        if not calls and reached:
             raise BuildError(f"vLLM's launch code {name} launched no Triton kernel",
                              fix="report this to nojit with the vLLM version")
         for fn, args, kwargs in calls:

@@ -58,13 +58,11 @@ def _no_cuda_fill() -> Iterator[None]:
         mod.ops = original
 
 
-def routed_experts(d: Deployment, device: torch.device) -> None:
+def routed_experts(d: Deployment, device: torch.device) -> bool | None:
     block = block_fp8(d)
-    if block is None:
-        return
     tc = text_config(d.hf_config)
-    if "num_experts" not in tc:  # a dense checkpoint: no routed experts
-        return
+    if block is None or "num_experts" not in tc:  # not rowed (BF16 experts) or a dense checkpoint: nothing reached
+        return False
     fm = import_kernel_module(FM)
     tl = import_kernel_module("vllm.triton_utils").tl
     tp = d.tensor_parallel_size
