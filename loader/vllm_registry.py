@@ -18,6 +18,10 @@ v1/worker/gpu_worker.py `_compile_or_warm_up_model`). nojit wraps that method:
    and the start fails with one message listing them all.
 4. Every bundled module is then loaded on the worker's device, so that CUDA-graph capture,
    which follows, loads nothing.
+
+The registry's constructor is wrapped too: the model runner builds it before loading the model, with the
+final VllmConfig, so strict mode refuses there a start whose compilation config would run Inductor
+(loader/inductor.py); the other modes print one line saying Inductor will compile.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class WarmupReport:
 
 last_report: WarmupReport | None = None
 _original_warmup: Any = None
+_original_init: Any = None
 
 
 def backend_of(kernel: Any) -> str:
@@ -171,15 +176,39 @@ def _preflight_message(unserved: list[Unserved], declared: int, bundle: str) -> 
     return "\n".join(lines)
 
 
+def check_inductor(vllm_config: Any) -> None:
+    """Strict mode: refuse a config that would run Inductor (PreflightError); other modes: say it will compile."""
+    from nojit.loader import inductor
+    from nojit.loader.install import current
+
+    inst = current()
+    what = inductor.would_compile(vllm_config) if inst is not None else None
+    if what is None:
+        return
+    if inst.mode is Mode.STRICT:
+        inductor.check(vllm_config)
+    elif not settings.quiet:
+        print(f"nojit[pid {os.getpid()}]: {what}; {inst.mode.value} mode lets it compile in this process "
+              f"(strict mode refuses the start; avoid with {inductor.SWITCH})", file=sys.stderr, flush=True)
+
+
 def hook() -> None:
-    """Route `JitWarmupRegistry.warmup` through the bundle (idempotent; class-wide, so forked
-    workers inherit it)."""
-    global _original_warmup
+    """Route `JitWarmupRegistry.warmup` through the bundle and check the compilation config at the
+    registry's construction (idempotent; class-wide, so forked workers inherit it)."""
+    global _original_warmup, _original_init
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
 
     if getattr(JitWarmupRegistry.warmup, "__nojit__", False):
         return
     _original_warmup = JitWarmupRegistry.warmup
+    _original_init = JitWarmupRegistry.__init__
+
+    def init(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        check_inductor(vllm_config)
+        _original_init(self, vllm_config, *args, **kwargs)
+
+    init.__nojit__ = True  # type: ignore[attr-defined]
+    JitWarmupRegistry.__init__ = init  # type: ignore[method-assign]
 
     def warmup(self: Any) -> None:
         return warmup_through_bundle(self)
@@ -190,10 +219,11 @@ def hook() -> None:
 
 
 def unhook() -> None:
-    global _original_warmup
+    global _original_warmup, _original_init
     if _original_warmup is None:
         return
     from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
 
     JitWarmupRegistry.warmup = _original_warmup  # type: ignore[method-assign]
-    _original_warmup = None
+    JitWarmupRegistry.__init__ = _original_init  # type: ignore[method-assign]
+    _original_warmup = _original_init = None

@@ -165,7 +165,7 @@ LOADER_LAYERS = (
     ("resolve and the face", ("installed_modules", "resolve", "faces")),
     ("runtime rooms", ("runtimes.*",)),
     ("runtime registry", ("runtimes",)),
-    ("the process's JITs", ("unserved",)),
+    ("the process's JITs", ("unserved", "inductor")),
     ("install", ("install",)),
     ("vLLM integration and tools", ("announce", "vllm_registry", "plugin", "doctor")),
 )

@@ -19,6 +19,8 @@ class KVCacheGroup:
 
     block_size: int  # tokens per block (the group's spec.block_size)
     sliding_window: bool  # a SlidingWindowSpec keeping tokens (num_retained_tokens > 0): its block table is masked
+    mamba: bool = False  # a MambaSpec group (GDN, Mamba2) in prefix caching's "align" mode: the runners migrate its state
+    speculative_blocks: int = 0  # MambaSpec.num_speculative_blocks (extra state blocks for spec decode)
 
 
 KVGroups = Callable[[Deployment], tuple[KVCacheGroup, ...]]  # the groups of a deployment, in vLLM's order

@@ -84,8 +84,14 @@ def spec_v2(d: Deployment) -> bool:
     return v2(d) and d.spec_decode
 
 
+def text(d: Deployment) -> dict[str, Any]:
+    """The language model's HF config, as vLLM's hf_text_config: `text_config` where the checkpoint nests it (Qwen3.5)."""
+    inner = d.hf_config.get("text_config")
+    return inner if isinstance(inner, dict) else d.hf_config
+
+
 def vocab(d: Deployment) -> int:
-    return int(d.hf_config["vocab_size"])
+    return int(text(d)["vocab_size"])
 
 
 def k(d: Deployment) -> int:
@@ -94,7 +100,7 @@ def k(d: Deployment) -> int:
 
 def raw_logits(d: Deployment) -> Tensor:
     """compute_logits output: head_dtype = hf_config head_dtype or the model dtype (config/model.py:2521)."""
-    head = d.hf_config.get("head_dtype")
+    head = text(d).get("head_dtype")
     return T(getattr(torch, d.dtype if head in (None, "model") else str(head).lower()))
 
 
@@ -117,7 +123,8 @@ def draft_stride(d: Deployment) -> int:
 
 def lookahead(d: Deployment) -> int:
     """max(1, num_prefill_lookahead_tokens) (gpu/model_runner.py:280; config/vllm.py:655-675)."""
-    multi_module = min(int(d.hf_config.get("num_nextn_predict_layers", 1)), k(d)) > 1
+    layers = text(d).get("num_nextn_predict_layers", text(d).get("mtp_num_hidden_layers", 1))
+    multi_module = min(int(layers), k(d)) > 1
     return k(d) if d.spec_decode and multi_module else 1
 
 
@@ -225,6 +232,82 @@ def _zero_kv_blocks(d: Deployment) -> Calls:
     # int32 words), 1024) (utils.py:222): 1024, the largest (MLA) page is far over 4 KiB.
     return [dict(seg_addrs_ptr=T(U64), seg_block_strides_ptr=T(I64), seg_page_sizes_ptr=T(I64),
                  block_ids_ptr=T(I64), BLOCK_SIZE=1024)]
+
+
+# ------------------------------------------------------------------------ Mamba state groups ("align" mode, V2)
+MAMBA_TEMPORAL_TILES = 16  # v1/worker/mamba_utils.py:35
+
+
+def _mamba(groups: tuple[KVCacheGroup, ...]) -> KVCacheGroup | None:
+    """The first Mamba group (vLLM requires every Mamba group to share block size and spec blocks,
+    mamba_utils.py:843-850), or None."""
+    return next((g for g in groups if g.mamba), None)
+
+
+def _mamba_width(d: Deployment, g: KVCacheGroup) -> int:
+    """The Mamba groups' block-table row length: cdiv(max_model_len, block) + spec blocks in align mode
+    (kv_cache_interface.py:1143-1153); MambaSpecDecodeGPUContext takes it as block_table_stride_req."""
+    return cdiv(d.max_model_len, g.block_size) + g.speculative_blocks
+
+
+def _scatter_num_accepted(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
+    return on(v2(d) and _mamba(groups) is not None, [dict(
+        idx_mapping_ptr=T(I64), num_sampled_ptr=T(I32), num_accepted_ptr=T(I32))])
+
+
+def _fill_num_accepted(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
+    # max(num_sampled, 1) with an int num_sampled (a step that samples nothing: 1; else the count)
+    return on(v2(d) and _mamba(groups) is not None, grid(dict(
+        idx_mapping_ptr=T(I64), num_accepted_ptr=T(I32)), num_sampled=(ONE, OTHER)))
+
+
+def _preprocess_mamba_align(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
+    g = _mamba(groups)
+    return on(v2(d) and g is not None, [dict(
+        idx_mapping_ptr=T(I64), state_idx_ptr=T(I32), num_computed_tokens_ptr=T(I32), query_start_loc_ptr=T(I32),
+        num_accepted_tokens_ptr=T(I32), src_col_ptr=T(I32), src_off_ptr=T(I32), num_reqs=OTHER,
+        BLOCK_SIZE=256, MAMBA_BLOCK_SIZE=g.block_size if g else 0)])
+
+
+def _state_layout(d: Deployment, g: KVCacheGroup) -> dict[str, Any]:
+    """MambaSpecDecodeGPUContext's flattened state metadata (mamba_utils.py:870-906): int64 addresses, strides
+    and inner sizes, int32 element sizes, conv widths, group indices and row counts; SD conv layout."""
+    return dict(block_table_ptrs_ptr=T(I64), block_table_stride_req=_mamba_width(d, g), state_base_addrs_ptr=T(I64),
+                state_block_strides_ptr=T(I64), state_elem_sizes_ptr=T(I32), state_inner_sizes_ptr=T(I64),
+                state_conv_widths_ptr=T(I32), state_group_indices_ptr=T(I32), state_dim_row_count_ptr=T(I32),
+                state_dim_row_stride_ptr=T(I64), COPY_BLOCK_SIZE=1024, CONV_STATE_DIM_FIRST=False,
+                TEMPORAL_TILES=MAMBA_TEMPORAL_TILES)
+
+
+def _precopy_mamba_align(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
+    g = _mamba(groups)
+    return on(v2(d) and g is not None, [dict(
+        mamba_state_idx_ptr=T(I32), src_col_ptr=T(I32), token_bias_ptr=T(I32), idx_mapping_ptr=T(I64),
+        num_reqs=OTHER, HAS_IDX_MAPPING=True, **_state_layout(d, g))] if g else [])
+
+
+def _postprocess_mamba_align(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
+    g = _mamba(groups)
+    return on(v2(d) and g is not None, [dict(
+        num_accepted_tokens_ptr=T(I32), mamba_state_idx_ptr=T(I32), num_scheduled_tokens_ptr=None,
+        num_computed_tokens_ptr=T(I32), num_draft_tokens_ptr=None, num_accepted_tokens_out_ptr=T(I32),
+        idx_mapping_ptr=T(I64), num_reqs=OTHER, block_size=g.block_size, HAS_IDX_MAPPING=True,
+        PRECOMPUTED_NEW_COMPUTED=True, **_state_layout(d, g))] if g else [])
+
+
+def _aligned_state_indices(d: Deployment, groups: tuple[KVCacheGroup, ...]) -> Calls:
+    # compute_aligned_state_indices (mamba_utils.py:1112): seq_lens int32 stride 1, aligned_state_indices
+    # [n_mamba_groups, max_num_seqs, 1 + spec blocks] int32 (:907-915)
+    g = _mamba(groups)
+    if not (v2(d) and g is not None):
+        return []
+    n, slots = sum(x.mamba for x in groups), 1 + g.speculative_blocks
+    return [dict(block_table_ptrs_ptr=T(I64), seq_lens_ptr=T(I32), state_indices_ptr=T(I32),
+                 block_table_stride_req=_mamba_width(d, g), seq_lens_stride=1,
+                 state_indices_stride_0=d.max_num_seqs * slots, state_indices_stride_1=slots,
+                 state_indices_stride_2=1, num_requests=OTHER, CACHE_BLOCK_SIZE=g.block_size, NUM_GROUPS=n,
+                 BLOCK_GROUPS=pow2(n), NUM_STATE_SLOTS=slots, BLOCK_STATE_SLOTS=pow2(slots), BLOCK_ROWS=32,
+                 num_warps=1)]
 
 
 # ------------------------------------------------------------------------ sampling
@@ -402,7 +485,7 @@ def _spec_prepare_decode(d: Deployment) -> Calls:
 def _spec_update_draft(d: Deployment) -> Calls:
     # k > 1 only. Hidden states are the pre-hc_head residual, hidden_size * hc_mult wide
     # (spec_decode/speculator.py:119-135); greedy drafts are argmax int64.
-    width = int(d.hf_config["hidden_size"]) * int(d.hf_config.get("hc_mult", 1))
+    width = int(text(d)["hidden_size"]) * int(text(d).get("hc_mult", 1))
     dtype = getattr(torch, d.dtype)
     return on(spec_v2(d) and k(d) > 1, [dict(
         output_draft_tokens_ptr=T(I64), output_draft_tokens_stride=k(d), next_input_hidden_states_ptr=T(dtype),
@@ -413,6 +496,9 @@ def _spec_update_draft(d: Deployment) -> Calls:
         ADVANCE_DRAFT_POSITIONS=True)])
 
 
+MH = "vllm.v1.worker.gpu.model_states.mamba_hybrid"
+MU = "vllm.v1.worker.mamba_utils"
+WHY_MAMBA = "unregistered V2 runner kernel of Mamba state groups (prefix caching's align mode); warmed by fake steps"
 WHY_V2 = "unregistered V2 runner kernel; vLLM warms it only through fake scheduler steps (gpu/warmup.py)"
 WHY_SPEC = "unregistered V2 MTP spec-decode kernel; warmed only by gpu/warmup.py's fake steps"
 
@@ -443,6 +529,19 @@ def runner_derived(kv_groups: KVGroups) -> tuple[DerivedKernel, ...]:
         _row("vllm.v1.worker.utils:_zero_kv_blocks_kernel", "v1/worker/utils.py:247", _zero_kv_blocks,
              "unregistered KV-block zeroing of both runners; warmed by KVBlockZeroer.warmup",
              ("runner", "runner-v2", "runner-v1")),
+        # Mamba state groups (gpu/model_states/mamba_hybrid.py; v1/worker/mamba_utils.py), from the groups.
+        _row(f"{MH}:_scatter_num_accepted_kernel", "v1/worker/gpu/model_states/mamba_hybrid.py:363",
+             lambda d: _scatter_num_accepted(d, kv_groups(d)), WHY_MAMBA),
+        _row(f"{MH}:_fill_num_accepted_kernel", "v1/worker/gpu/model_states/mamba_hybrid.py:370",
+             lambda d: _fill_num_accepted(d, kv_groups(d)), WHY_MAMBA),
+        _row(f"{MU}:preprocess_mamba_align_fused_kernel", "v1/worker/gpu/model_states/mamba_hybrid.py:210",
+             lambda d: _preprocess_mamba_align(d, kv_groups(d)), WHY_MAMBA),
+        _row(f"{MU}:precopy_mamba_align_fused_kernel", "v1/worker/mamba_utils.py:1226",
+             lambda d: _precopy_mamba_align(d, kv_groups(d)), WHY_MAMBA),
+        _row(f"{MU}:postprocess_mamba_fused_kernel", "v1/worker/mamba_utils.py:1276",
+             lambda d: _postprocess_mamba_align(d, kv_groups(d)), WHY_MAMBA),
+        _row(f"{MU}:get_aligned_state_indices_multi_group_kernel", "v1/worker/mamba_utils.py:1123",
+             lambda d: _aligned_state_indices(d, kv_groups(d)), WHY_MAMBA),
         # Sampler (gpu/sample/sampler.py) and its logits processors.
         _row(f"{SMP}.gumbel:_gumbel_sample_kernel", "v1/worker/gpu/sample/gumbel.py:390", _gumbel_sample),
         _row(f"{SMP}.gumbel:_temperature_kernel", "v1/worker/gpu/sample/gumbel.py:55", _temperature),

@@ -1,0 +1,72 @@
+"""The Qwen3.5 / Qwen3-Next room's facts without a build: model lookup by model_type or text_config, the
+deployment rules, the GDN cache facts and KV-cache groups vLLM would build, and the Inductor check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.support.common import have
+
+pytestmark = pytest.mark.skipif(not have("vllm"), reason="vLLM is not installed")
+QWEN = "builtin:qwen3.5-35b-a3b-fp8-h200.toml"
+
+
+def test_lookup_by_model_type_or_text_config():
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.errors import BuildError
+    from nojit.aot.models import model_for, qwen3_5
+
+    hf = load_deployment(QWEN).hf_config
+    assert hf["model_type"] == "qwen3_5_moe" and hf["text_config"]["model_type"] == "qwen3_5_moe_text"
+    assert model_for(hf, "x").tables is qwen3_5.MODELS[0].tables
+    nested_only = {"model_type": "some_wrapper", "text_config": {"model_type": "qwen3_next"}}
+    assert model_for(nested_only, "x").name == "qwen3_5"  # Qwen3-Next and Qwen3.5 dense share the rows
+    assert model_for({"model_type": "qwen3_5_text"}, "x").name == "qwen3_5"
+    with pytest.raises(BuildError, match=r"model_type is 'llama' \(text_config: None\)"):
+        model_for({"model_type": "llama"}, "x")
+
+
+def test_gdn_cache_facts_and_groups_as_vllm_builds_them():
+    """Block 1088: the smallest multiple of lcm(16, 64) whose attention page (2 KV heads x 256 x 2 bytes x 2 per
+    token) covers the GDN page (conv 4 x 8192 bf16 + state 32 x 128 x 128 fp32 = 2162688 bytes, MTP 1)."""
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.errors import BuildError
+    from nojit.aot.models import model_for
+    from nojit.aot.models.qwen3_5.config import gdn_facts, kv_cache_groups
+
+    d = load_deployment(QWEN)
+    model = model_for(d.hf_config, d.hf_config_source)
+    model.check_deployment(d)
+    f = gdn_facts(d)
+    assert (f.h, f.hv, f.k, f.v, f.conv_state_len, f.conv_dim) == (16, 32, 128, 128, 4, 8192)
+    assert 4 * 8192 * 2 + 32 * 128 * 128 * 4 == 2162688 <= f.page_bytes == 1088 * 2048
+    assert f.block_size == 1088 and (1088 - 64) * 2048 < 2162688
+    groups = kv_cache_groups(d)  # 10 full-attention layers + 1 MTP layer; 30 GDN layers in groups of 11
+    assert [g.mamba for g in groups] == [False, True, True, True]
+    assert all(g.block_size == 1088 for g in groups) and groups[1].speculative_blocks == 1
+    with pytest.raises(BuildError, match=r"block_size = 256: vLLM aligns .* to 1088"):
+        model.check_deployment(dataclasses.replace(d, block_size=256))
+    with pytest.raises(BuildError, match=r"method = 'eagle'"):
+        model.check_deployment(dataclasses.replace(d, speculative_method="eagle"))
+
+
+def test_inductor_check_reads_vllms_compilation_config():
+    from types import SimpleNamespace
+
+    from vllm.config.compilation import CompilationConfig, CompilationMode
+
+    from nojit.loader import inductor
+    from nojit.loader.errors import PreflightError
+
+    def config(**kw):
+        return SimpleNamespace(compilation_config=CompilationConfig(**kw),
+                               model_config=SimpleNamespace(architectures=["Qwen3_5MoeForConditionalGeneration"]))
+
+    assert inductor.would_compile(config(mode=CompilationMode.NONE)) is None
+    assert inductor.would_compile(config(mode=CompilationMode.VLLM_COMPILE, backend="eager")) is None
+    assert inductor.would_compile(SimpleNamespace()) is None  # a partial config says nothing
+    with pytest.raises(PreflightError) as e:
+        inductor.check(config(mode=CompilationMode.VLLM_COMPILE))
+    assert "VLLM_USE_BREAKABLE_CUDAGRAPH=1" in str(e.value) and "Qwen3_5MoeForConditionalGeneration" in str(e.value)
