@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from tests.support.common import ROOT, have, run_cli
-from test_vllm_strict_startup import compiler_runs
+from tests.loader.test_vllm_strict_startup import compiler_runs
 
 DEPLOYMENT = os.path.join(ROOT, "aot", "data", "qwen3.5-35b-a3b-fp8-h200.toml")
 SCENARIO = os.path.join(ROOT, "tests", "probes", "probe_qwen_startup.py")

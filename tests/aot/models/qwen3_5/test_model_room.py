@@ -3,7 +3,9 @@ deployment rules, the GDN cache facts and KV-cache groups vLLM would build, and 
 
 from __future__ import annotations
 
-import dataclasses
+import dataclasses  # noqa: F401
+import subprocess
+import sys
 
 import pytest
 
@@ -30,26 +32,34 @@ def test_lookup_by_model_type_or_text_config():
 
 def test_gdn_cache_facts_and_groups_as_vllm_builds_them():
     """Block 1088: the smallest multiple of lcm(16, 64) whose attention page (2 KV heads x 256 x 2 bytes x 2 per
-    token) covers the GDN page (conv 4 x 8192 bf16 + state 32 x 128 x 128 fp32 = 2162688 bytes, MTP 1)."""
-    from nojit.aot.deployment import load_deployment
-    from nojit.aot.errors import BuildError
-    from nojit.aot.models import model_for
-    from nojit.aot.models.qwen3_5.config import gdn_facts, kv_cache_groups
+    token) covers the GDN page (conv 4 x 8192 bf16 + state 32 x 128 x 128 fp32 = 2162688 bytes, MTP 1). In a
+    process of its own: the deployment rules install the deployment's platform, which stays for the process (one
+    build process, one platform: aot/vllm_env.py), and would leak into later tests of this one."""
+    body = f"""
+import dataclasses, pytest
+from nojit.aot.deployment import load_deployment
+from nojit.aot.errors import BuildError
+from nojit.aot.models import model_for
+from nojit.aot.models.qwen3_5.config import gdn_facts, kv_cache_groups
 
-    d = load_deployment(QWEN)
-    model = model_for(d.hf_config, d.hf_config_source)
-    model.check_deployment(d)
-    f = gdn_facts(d)
-    assert (f.h, f.hv, f.k, f.v, f.conv_state_len, f.conv_dim) == (16, 32, 128, 128, 4, 8192)
-    assert 4 * 8192 * 2 + 32 * 128 * 128 * 4 == 2162688 <= f.page_bytes == 1088 * 2048
-    assert f.block_size == 1088 and (1088 - 64) * 2048 < 2162688
-    groups = kv_cache_groups(d)  # 10 full-attention layers + 1 MTP layer; 30 GDN layers in groups of 11
-    assert [g.mamba for g in groups] == [False, True, True, True]
-    assert all(g.block_size == 1088 for g in groups) and groups[1].speculative_blocks == 1
-    with pytest.raises(BuildError, match=r"block_size = 256: vLLM aligns .* to 1088"):
-        model.check_deployment(dataclasses.replace(d, block_size=256))
-    with pytest.raises(BuildError, match=r"method = 'eagle'"):
-        model.check_deployment(dataclasses.replace(d, speculative_method="eagle"))
+d = load_deployment({QWEN!r})
+model = model_for(d.hf_config, d.hf_config_source)
+model.check_deployment(d)
+f = gdn_facts(d)
+assert (f.h, f.hv, f.k, f.v, f.conv_state_len, f.conv_dim) == (16, 32, 128, 128, 4, 8192), f
+assert 4 * 8192 * 2 + 32 * 128 * 128 * 4 == 2162688 <= f.page_bytes == 1088 * 2048, f
+assert f.block_size == 1088 and (1088 - 64) * 2048 < 2162688, f
+groups = kv_cache_groups(d)  # 10 full-attention layers + 1 MTP layer; 30 GDN layers in groups of 11
+assert [g.mamba for g in groups] == [False, True, True, True], groups
+assert all(g.block_size == 1088 for g in groups) and groups[1].speculative_blocks == 1, groups
+with pytest.raises(BuildError, match=r"block_size = 256: vLLM aligns .* to 1088"):
+    model.check_deployment(dataclasses.replace(d, block_size=256))
+with pytest.raises(BuildError, match=r"method = 'eagle'"):
+    model.check_deployment(dataclasses.replace(d, speculative_method="eagle"))
+print("GDN FACTS OK")
+"""
+    p = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "GDN FACTS OK" in p.stdout, p.stderr[-3000:]
 
 
 def test_inductor_check_reads_vllms_compilation_config():
