@@ -173,29 +173,35 @@ static const char *fatbin_refusal(const unsigned char *p, size_t avail) {
   if (header < 16 || body > ((uint64_t)1 << 40)) return "a malformed fatbin (its header's sizes)";
   uint64_t total = header + body;
   if (avail != 0 && total > avail) return "a truncated fatbin (shorter than its header says)";
-  int n = 0, matched[MAX_DEVICES] = {0}, others = 0, elf_sms[MAX_DEVICES], nelf = 0;
-  for (uint64_t off = header; off < total;) {
+  int others = 0;
+  for (uint64_t off = header; off < total;) { /* every entry within the fatbin, and is there any but ELF */
     if (total - off < FATBIN_ENTRY_MIN) return "a malformed fatbin (an entry past its end)";
-    const unsigned char *e = p + off;
     uint16_t kind;
-    memcpy(&kind, e, sizeof kind);
-    uint64_t size = u32_at(e + 4), payload = u64_at(e + 8);
+    memcpy(&kind, p + off, sizeof kind);
+    uint64_t size = u32_at(p + off + 4), payload = u64_at(p + off + 8);
     if (size < FATBIN_ENTRY_MIN || size > total - off || payload > total - off - size)
       return "a malformed fatbin (an entry past its end)";
-    if (kind != FATBIN_KIND_ELF) others = 1;
-    else if (nelf < MAX_DEVICES) elf_sms[nelf++] = (int)u32_at(e + 28);
+    others |= kind != FATBIN_KIND_ELF;
     off += size + payload;
   }
   if (!others) return NULL; /* SASS only: the driver takes one or answers that none fits, compiling nothing */
-  n = device_sms();
+  int n = device_sms();
   if (n < 0) return "a fatbin with PTX in it, the serving GPU's SM not known (no cuInit yet)";
-  for (int i = 0; i < nelf; i++)
-    for (int d = 0; d < n; d++) matched[d] |= elf_sms[i] == sm_list[d];
-  for (int d = 0; d < n; d++)
-    if (!matched[d]) {
+  for (int d = 0; d < n; d++) {
+    int matched = 0;
+    for (uint64_t off = header; off < total && total - off >= FATBIN_ENTRY_MIN && !matched;) {
+      uint16_t kind; /* checked again: another thread may write the caller's memory (then at worst refused) */
+      memcpy(&kind, p + off, sizeof kind);
+      uint64_t size = u32_at(p + off + 4), payload = u64_at(p + off + 8);
+      if (size < FATBIN_ENTRY_MIN || size > total - off || payload > total - off - size) break;
+      matched = kind == FATBIN_KIND_ELF && (int)u32_at(p + off + 28) == sm_list[d];
+      off += size + payload;
+    }
+    if (!matched) {
       snprintf(reason_buf, sizeof reason_buf, "the PTX of a fatbin that has no sm_%d cubin for the GPU", sm_list[d]);
       return reason_buf;
     }
+  }
   return NULL;
 }
 
