@@ -150,6 +150,9 @@ def _stand_in(tmp_path) -> str:
 
 
 def test_fatbins_that_need_the_jit_are_refused_through_the_stand_in_libcuda(tmp_path, images):
+    """Every fatbin of the attack through every image loader of the stand-in (ctypes exports, the function its
+    cuGetProcAddress hands out, files), strict mode off (control) and on; and one load before cuInit, when the GPU's
+    SM is not known yet."""
     lib = _stand_in(tmp_path)
     out = {}
     for mode in ("off", "strict"):
