@@ -100,13 +100,15 @@ static int stub_cuLinkAddFile(void *state, int type, const char *path, unsigned 
   return CUDA_ERROR_JIT_COMPILATION_DISABLED;
 }
 
-/* ---- The driver's image loaders: a cubin (ELF) or a fatbin goes on to the driver, anything else (PTX text,
- * NVVM IR, Tile IR) is refused. CUDA_DISABLE_PTX_JIT=1 stops only PTX inside a fatbin: a raw PTX image given to
- * cuModuleLoadData is JIT-compiled all the same (seen on the H200, driver 580). The loaders that take data call the
- * original through a trampoline (its first instructions moved by loader/strict/x86_relocate.py); those that take
+/* ---- The driver's image loaders: a cubin (ELF) goes on to the driver, and a fatbin (or a fatbin wrapper pointing at
+ * one) goes on when the driver has no PTX to JIT-compile in it: it holds an ELF (SASS) entry for every visible GPU's
+ * SM, or no entry but ELF ones. Anything else (PTX text, NVVM IR, Tile IR, a fatbin whose PTX the driver would have
+ * to compile, a malformed one) is refused. CUDA_DISABLE_PTX_JIT=1 stops neither: the H200 (driver 580) JIT-compiled
+ * raw PTX given to cuModuleLoadData and a PTX-only fatbin with it set before cuInit. The loaders that take data call
+ * the original through a trampoline (its first instructions moved by loader/strict/x86_relocate.py); those that take
  * a path read the file once, check those bytes and hand them to the data loader, so the file cannot change between
- * the check and the load. Each loader has SLOTS stubs, one per patched copy of the entry (another libcuda copy,
- * or a different function cuGetProcAddress hands out), each with its own original. */
+ * the check and the load. Each loader has SLOTS stubs, one per patched copy of the entry (another libcuda copy, or a
+ * different function cuGetProcAddress hands out), each with its own original. */
 #define SLOTS 4
 #define CU_LIBRARY_BINARY_IS_PRESERVED 1
 enum { CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2, CUDA_ERROR_FILE_NOT_FOUND = 301 };
@@ -116,27 +118,121 @@ typedef int (*library_load_data_t)(void **, const void *, void *, void **, unsig
 enum { K_LOAD_DATA, K_LOAD_DATA_EX, K_LOAD_FATBINARY, K_LIBRARY_LOAD_DATA, K_LOAD_FILE, K_LIBRARY_LOAD_FILE, K_COUNT };
 static void *volatile target[K_COUNT][SLOTS]; /* the original (data loaders) or the data loader to hand bytes to */
 
-static int image_allowed(const void *image) {
-  if (image == NULL) return 1; /* the driver answers CUDA_ERROR_INVALID_VALUE */
-  const unsigned char *p = image;
-  if (memcmp(p, "\x7f" "ELF", 4) == 0 || memcmp(p, "\x50\xed\x55\xba", 4) == 0) return 1; /* cubin, fatbin */
-  if (memcmp(p, "\xb1\x43\x62\x46", 4) == 0) { /* a fatbin wrapper (magic, version, data): its data a fatbin */
-    const unsigned char *data = *(const unsigned char *const *)(p + 8);
-    return data != NULL && memcmp(data, "\x50\xed\x55\xba", 4) == 0;
+/* The SM of each visible GPU, asked of the driver (cuDeviceGetCount, cuDeviceGet, cuDeviceGetAttribute of the
+ * patched libcuda, set by set_device_query) the first time a fatbin with PTX in it arrives, then kept (the devices
+ * of a process do not change after cuInit). The driver's answer, not the bundle's target: it is the GPU whose SASS
+ * the driver looks for, with or without a bundle. Before cuInit there is no answer and such a fatbin is refused (the
+ * driver would refuse that load too, CUDA_ERROR_NOT_INITIALIZED). */
+#define MAX_DEVICES 64
+enum { CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76 };
+typedef int (*device_count_t)(int *);
+typedef int (*device_get_t)(int *, int);
+typedef int (*device_attribute_t)(int *, int, int);
+static void *volatile device_query[3];
+static atomic_int sm_count = -1; /* -1: not read yet */
+static int sm_list[MAX_DEVICES];
+
+static int device_sms(void) {
+  int n = atomic_load(&sm_count);
+  if (n >= 0) return n;
+  device_count_t count = (device_count_t)device_query[0];
+  device_get_t get = (device_get_t)device_query[1];
+  device_attribute_t attr = (device_attribute_t)device_query[2];
+  if (count == NULL || get == NULL || attr == NULL || count(&n) != 0 || n <= 0 || n > MAX_DEVICES) return -1;
+  for (int i = 0; i < n; i++) {
+    int dev = 0, major = 0, minor = 0;
+    if (get(&dev, i) != 0 || attr(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev) != 0 ||
+        attr(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev) != 0)
+      return -1;
+    sm_list[i] = major * 10 + minor;
   }
-  return 0;
+  atomic_store(&sm_count, n);
+  return n;
 }
 
-static int refuse_image(const char *symbol) {
-  char what[256];
-  snprintf(what, sizeof what, "the CUDA driver (%s) was about to JIT-compile an image that is neither a cubin nor "
-           "a fatbin (PTX, NVVM IR or Tile IR) in this process", symbol);
+/* The fatbin container (fatbinary's output; the CUDA toolkit ships no header for it, the layout is the one read from
+ * real fatbins in tests/loader/strict/test_fatbin_guard.py): a 16-byte header (magic 0xBA55ED50, u16 version, u16 header size, u64
+ * size of what follows the header), then entries, each a header (u16 kind: 1 PTX, 2 ELF; u32 header size at 4; u64
+ * payload size at 8; u32 SM at 28; compression is a flag, the header is never compressed) and its payload. */
+#define FATBIN_MAGIC 0xBA55ED50u
+#define FATBINC_MAGIC 0x466243B1u /* __fatBinC_Wrapper_t (fatbinary_section.h): magic, version, data, filename */
+enum { FATBIN_KIND_ELF = 2, FATBIN_ENTRY_MIN = 32 };
+
+static uint32_t u32_at(const unsigned char *p) { uint32_t v; memcpy(&v, p, sizeof v); return v; }
+static uint64_t u64_at(const unsigned char *p) { uint64_t v; memcpy(&v, p, sizeof v); return v; }
+
+static _Thread_local char reason_buf[160]; /* a refusal's reason with a number in it */
+
+/* NULL if the driver gets no PTX to compile from this fatbin, else why it is refused. `avail` is how many bytes
+ * there are (a file, a Python bytes); 0 when only a pointer is known: then the header's own size is what there is. */
+static const char *fatbin_refusal(const unsigned char *p, size_t avail) {
+  if (avail != 0 && avail < 16) return "a truncated fatbin";
+  uint16_t header;
+  memcpy(&header, p + 6, sizeof header);
+  uint64_t body = u64_at(p + 8);
+  if (header < 16 || body > ((uint64_t)1 << 40)) return "a malformed fatbin (its header's sizes)";
+  uint64_t total = header + body;
+  if (avail != 0 && total > avail) return "a truncated fatbin (shorter than its header says)";
+  int others = 0;
+  for (uint64_t off = header; off < total;) { /* every entry within the fatbin, and is there any but ELF */
+    if (total - off < FATBIN_ENTRY_MIN) return "a malformed fatbin (an entry past its end)";
+    uint16_t kind;
+    memcpy(&kind, p + off, sizeof kind);
+    uint64_t size = u32_at(p + off + 4), payload = u64_at(p + off + 8);
+    if (size < FATBIN_ENTRY_MIN || size > total - off || payload > total - off - size)
+      return "a malformed fatbin (an entry past its end)";
+    others |= kind != FATBIN_KIND_ELF;
+    off += size + payload;
+  }
+  if (!others) return NULL; /* SASS only: the driver takes one or answers that none fits, compiling nothing */
+  int n = device_sms();
+  if (n < 0) return "a fatbin with PTX in it, the serving GPU's SM not known (no cuInit yet)";
+  for (int d = 0; d < n; d++) {
+    int matched = 0;
+    for (uint64_t off = header; off < total && total - off >= FATBIN_ENTRY_MIN && !matched;) {
+      uint16_t kind; /* checked again: another thread may write the caller's memory (then at worst refused) */
+      memcpy(&kind, p + off, sizeof kind);
+      uint64_t size = u32_at(p + off + 4), payload = u64_at(p + off + 8);
+      if (size < FATBIN_ENTRY_MIN || size > total - off || payload > total - off - size) break;
+      matched = kind == FATBIN_KIND_ELF && (int)u32_at(p + off + 28) == sm_list[d];
+      off += size + payload;
+    }
+    if (!matched) {
+      snprintf(reason_buf, sizeof reason_buf, "the PTX of a fatbin that has no sm_%d cubin for the GPU", sm_list[d]);
+      return reason_buf;
+    }
+  }
+  return NULL;
+}
+
+/* NULL if the image goes on to the driver, else why not. `avail` as for fatbin_refusal; `from_file`: bytes read from
+ * a file, where a fatbin wrapper's pointer means nothing (refused, never followed). */
+static const char *image_refusal(const void *image, size_t avail, int from_file) {
+  if (image == NULL) return NULL; /* the driver answers CUDA_ERROR_INVALID_VALUE */
+  const unsigned char *p = image;
+  const char *neither = "an image that is neither a cubin nor a fatbin (PTX, NVVM IR or Tile IR)";
+  if (avail != 0 && avail < 4) return neither;
+  if (memcmp(p, "\x7f" "ELF", 4) == 0) return NULL;
+  uint32_t magic = u32_at(p);
+  if (magic == FATBIN_MAGIC) return fatbin_refusal(p, avail);
+  if (magic == FATBINC_MAGIC) { /* a fatbin wrapper: its data points at a fatbin */
+    if (from_file || (avail != 0 && avail < 16)) return "a fatbin wrapper that is not in memory";
+    const unsigned char *data = (const unsigned char *)(uintptr_t)u64_at(p + 8);
+    if (data == NULL || u32_at(data) != FATBIN_MAGIC) return "a fatbin wrapper around something else than a fatbin";
+    return fatbin_refusal(data, 0);
+  }
+  return neither;
+}
+
+static int refuse_image(const char *symbol, const char *reason) {
+  char what[384];
+  snprintf(what, sizeof what, "the CUDA driver (%s) was about to JIT-compile %s in this process", symbol, reason);
   refuse(symbol, what);
   return CUDA_ERROR_JIT_COMPILATION_DISABLED;
 }
 
-/* The whole of a regular file, read through one descriptor (NULL with *rc set on failure). */
-static unsigned char *read_whole(const char *path, int *rc) {
+/* The whole of a regular file, read through one descriptor, its size in *size (NULL with *rc set on failure). */
+static unsigned char *read_whole(const char *path, size_t *size, int *rc) {
   if (path == NULL) { *rc = CUDA_ERROR_INVALID_VALUE; return NULL; }
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   struct stat st;
@@ -159,31 +255,38 @@ static unsigned char *read_whole(const char *path, int *rc) {
     return NULL;
   }
   buf[got] = 0; /* PTX text is read as a C string by the driver */
+  *size = got;
   return buf;
 }
 
 static int load_data(int slot, void **module, const void *image) {
-  if (!image_allowed(image)) return refuse_image("cuModuleLoadData");
+  const char *why = image_refusal(image, 0, 0);
+  if (why != NULL) return refuse_image("cuModuleLoadData", why);
   return ((load_data_t)target[K_LOAD_DATA][slot])(module, image);
 }
 static int load_data_ex(int slot, void **module, const void *image, unsigned n, void *options, void **values) {
-  if (!image_allowed(image)) return refuse_image("cuModuleLoadDataEx");
+  const char *why = image_refusal(image, 0, 0);
+  if (why != NULL) return refuse_image("cuModuleLoadDataEx", why);
   return ((load_data_ex_t)target[K_LOAD_DATA_EX][slot])(module, image, n, options, values);
 }
 static int load_fatbinary(int slot, void **module, const void *image) {
-  if (!image_allowed(image)) return refuse_image("cuModuleLoadFatBinary");
+  const char *why = image_refusal(image, 0, 0);
+  if (why != NULL) return refuse_image("cuModuleLoadFatBinary", why);
   return ((load_data_t)target[K_LOAD_FATBINARY][slot])(module, image);
 }
 static int library_load_data(int slot, void **library, const void *code, void *jo, void **jv, unsigned nj, int *lo,
                              void **lv, unsigned nl) {
-  if (!image_allowed(code)) return refuse_image("cuLibraryLoadData");
+  const char *why = image_refusal(code, 0, 0);
+  if (why != NULL) return refuse_image("cuLibraryLoadData", why);
   return ((library_load_data_t)target[K_LIBRARY_LOAD_DATA][slot])(library, code, jo, jv, nj, lo, lv, nl);
 }
 static int load_file(int slot, void **module, const char *path) {
   int rc = 0;
-  unsigned char *image = read_whole(path, &rc);
+  size_t size = 0;
+  unsigned char *image = read_whole(path, &size, &rc);
   if (image == NULL) return rc;
-  rc = image_allowed(image) ? ((load_data_t)target[K_LOAD_FILE][slot])(module, image) : refuse_image("cuModuleLoad");
+  const char *why = image_refusal(image, size, 1);
+  rc = why == NULL ? ((load_data_t)target[K_LOAD_FILE][slot])(module, image) : refuse_image("cuModuleLoad", why);
   free(image); /* the driver keeps its own copy of a loaded image */
   return rc;
 }
@@ -192,11 +295,12 @@ static int library_load_file(int slot, void **library, const char *path, void *j
   for (unsigned i = 0; lo != NULL && i < nl; i++)
     if (lo[i] == CU_LIBRARY_BINARY_IS_PRESERVED) return CUDA_ERROR_INVALID_VALUE; /* invalid with a file (cuda.h) */
   int rc = 0;
-  unsigned char *code = read_whole(path, &rc);
+  size_t size = 0;
+  unsigned char *code = read_whole(path, &size, &rc);
   if (code == NULL) return rc;
-  rc = image_allowed(code)
-           ? ((library_load_data_t)target[K_LIBRARY_LOAD_FILE][slot])(library, code, jo, jv, nj, lo, lv, nl)
-           : refuse_image("cuLibraryLoadFromFile");
+  const char *why = image_refusal(code, size, 1);
+  rc = why == NULL ? ((library_load_data_t)target[K_LIBRARY_LOAD_FILE][slot])(library, code, jo, jv, nj, lo, lv, nl)
+                   : refuse_image("cuLibraryLoadFromFile", why);
   free(code);
   return rc;
 }
@@ -369,6 +473,39 @@ static PyObject *py_set_log_fd(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* set_device_query(cuDeviceGetCount, cuDeviceGet, cuDeviceGetAttribute): the driver entries the fatbin check asks
+ * for the GPUs' SMs (0, 0, 0: none; either way the SMs read so far are forgotten). */
+static PyObject *py_set_device_query(PyObject *self, PyObject *args) {
+  unsigned long long count, get, attr;
+  if (!PyArg_ParseTuple(args, "KKK", &count, &get, &attr)) return NULL;
+  device_query[0] = (void *)(uintptr_t)count;
+  device_query[1] = (void *)(uintptr_t)get;
+  device_query[2] = (void *)(uintptr_t)attr;
+  atomic_store(&sm_count, -1);
+  Py_RETURN_NONE;
+}
+
+/* image_refusal(image[, from_file]) -> None if the image goes on to the driver, else why not: the check the C stubs
+ * make, for the Python wrappers. `image` is bytes (sized) or an address (unsized: a fatbin's header says its size). */
+static PyObject *py_image_refusal(PyObject *self, PyObject *args) {
+  PyObject *image;
+  int from_file = 0;
+  if (!PyArg_ParseTuple(args, "O|p", &image, &from_file)) return NULL;
+  const char *why;
+  if (PyBytes_Check(image)) {
+    char *data;
+    Py_ssize_t len;
+    if (PyBytes_AsStringAndSize(image, &data, &len) != 0) return NULL;
+    why = len == 0 ? "an empty image" : image_refusal(data, (size_t)len, from_file);
+  } else {
+    unsigned long long address = PyLong_AsUnsignedLongLong(image);
+    if (PyErr_Occurred()) return NULL;
+    why = image_refusal((const void *)(uintptr_t)address, 0, 0);
+  }
+  if (why == NULL) Py_RETURN_NONE;
+  return PyUnicode_FromString(why);
+}
+
 static PyObject *py_refusals(PyObject *self, PyObject *noargs) { return PyLong_FromLong(atomic_load(&refusals)); }
 
 struct collect {
@@ -418,6 +555,10 @@ static PyMethodDef methods[] = {
     {"trampoline_write", py_trampoline_write, METH_VARARGS, "trampoline_write(page, code): write, then make R-X"},
     {"unpatch", py_unpatch, METH_VARARGS, "unpatch(address, original): put the original code back"},
     {"set_log_fd", py_set_log_fd, METH_VARARGS, "set_log_fd(fd): where refusals append their event line (-1: none)"},
+    {"set_device_query", py_set_device_query, METH_VARARGS,
+     "set_device_query(count, get, attribute): the driver entries that give the GPUs' SMs (0, 0, 0: none)"},
+    {"image_refusal", py_image_refusal, METH_VARARGS,
+     "image_refusal(bytes or address[, from_file]) -> None if the image may go on to the driver, else why not"},
     {"refusals", py_refusals, METH_NOARGS, "refusals() -> how many calls the stubs refused"},
     {"loaded", py_loaded, METH_NOARGS, "loaded() -> (adds, [(path, load bias)]) of the loaded objects"},
     {"adds", py_adds, METH_NOARGS, "adds() -> objects loaded so far by the dynamic loader"},

@@ -11,11 +11,14 @@ library's own error code and writes the firewall's event line:
 | libnvJitLink.so* | nvJitLinkAddData, nvJitLinkAddFile, nvJitLinkComplete (and their `__..._13_N` versions) | NVJITLINK_ERROR_INVALID_INPUT / _PTX_COMPILE |
 | libnvvm.so* | nvvmCompileProgram | NVVM_ERROR_COMPILATION |
 | libcuda.so* | cuLinkAddData, cuLinkAddFile (and `_v2`): the driver's linker, every input | CUDA_ERROR_JIT_COMPILATION_DISABLED |
-| libcuda.so* | cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary, cuLibraryLoadData, cuModuleLoad, cuLibraryLoadFromFile: an image (or file) that is neither a cubin nor a fatbin | CUDA_ERROR_JIT_COMPILATION_DISABLED |
+| libcuda.so* | cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary, cuLibraryLoadData, cuModuleLoad, cuLibraryLoadFromFile: an image (or file) that is neither a cubin nor a fatbin, or a fatbin (or fatbin wrapper) with PTX but no cubin for the GPU's SM, or a malformed one | CUDA_ERROR_JIT_COMPILATION_DISABLED |
 
 An exported compiler entry that is only a `jmp` to its body (nvJitLink's and NVVM's are) is followed to the body,
-which is patched instead, so every versioned alias lands in the stub too. The driver's image loaders must go on
-loading cubins: their stubs check the image and call the original through a trampoline of its moved first
+which is patched instead, so every versioned alias lands in the stub too. A fatbin is read entry by entry, as the
+driver chooses among them: it goes on if it holds an ELF (SASS) entry for every visible GPU's SM (asked of the
+driver through the patched libcuda's own cuDeviceGetAttribute, once), or nothing but ELF entries; one whose PTX the
+driver would JIT-compile, or whose sizes run past its end, is refused (CUDA_DISABLE_PTX_JIT=1 did not stop the
+H200's driver 580 from JIT-compiling a PTX-only fatbin). The driver's image loaders must go on loading cubins: their stubs check the image and call the original through a trampoline of its moved first
 instructions (x86_relocate.py; an entry that is itself only `jmp rel32` is patched with a 5-byte jump to a thunk and
 its stub calls that jump's destination); the file loaders read the file once and hand the bytes to the data
 loader. An entry whose first instructions cannot be moved is left unpatched and named in `skipped`. What libcuda's
@@ -26,7 +29,7 @@ import (an extension linked against one of them), and cuda.bindings' `cuInit`/`c
 loads `libcuda.so.1` itself at activate() (no cuInit), so a later dlopen of it from C gets the patched copy. Python
 wrappers (`cuda.bindings.nvrtc.nvrtcCompileProgram`, `cuda.bindings.nvjitlink.add_data/add_file/complete`,
 `cuda.bindings.nvvm.compile_program`, `cuda.bindings.driver.cuLinkAddData/cuLinkAddFile`, and the image loaders of
-`cuda.bindings.driver` given an image or file that is neither a cubin nor a fatbin) raise CompileForbiddenError
+`cuda.bindings.driver` given an image or file the C stubs would refuse, checked by the same C code) raise CompileForbiddenError
 before reaching C. Another compiler library loaded later by C code's own dlopen is patched only at the next ctypes
 load, extension import or `rescan()`. Patching an entry while another thread runs its first bytes is not safe:
 activate() runs before CUDA is used (vLLM's plugin), and later copies are patched as they load.
@@ -82,8 +85,8 @@ _FILE_LOADERS = {"cuModuleLoad": "cuModuleLoadData", "cuLibraryLoadFromFile": "c
 # names asked of cuGetProcAddress (CUDA 12.0 and later ABI versions): a function it hands out that is not the
 # patched export is patched too
 _PROC_NAMES = ("cuLinkAddData", "cuLinkAddFile", *_DATA_LOADERS, *_FILE_LOADERS)
-_ELF, _FATBIN = b"\x7fELF", b"\x50\xed\x55\xba"  # a cubin; a fatbin (its SASS loads, its PTX only if the JIT is on)
-_FATBIN_WRAPPER = b"\xb1\x43\x62\x46"  # __fatBinC_Wrapper_t (the C stub also checks that its data is a fatbin)
+# what the fatbin check asks of libcuda for the GPUs' SMs (their exports, not what cuGetProcAddress hands out)
+_DEVICE_QUERY = ("cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetAttribute")
 # importable in-process compilers this guard cannot patch: reported, not refused
 IN_PROCESS_COMPILERS = ("numba", "llvmlite", "cupy", "pycuda", "warp", "jax", "taichi")
 # event lines activate() writes that report a state, not a refusal
@@ -240,7 +243,7 @@ def _patch_library(path: str, bias: int, symbol_pattern: re.Pattern[str], report
         return
     found = []
     for name, value, size in functions:
-        if name in ("cuGetProcAddress_v2", "cuDriverGetVersion"):
+        if name in ("cuGetProcAddress_v2", "cuDriverGetVersion", *_DEVICE_QUERY):
             _exports[(path, name)] = bias + value
         m = symbol_pattern.fullmatch(name)
         if m is not None:
@@ -252,6 +255,10 @@ def _patch_library(path: str, bias: int, symbol_pattern: re.Pattern[str], report
         address = entry if stub in _DATA_LOADERS or stub in _FILE_LOADERS else _body(entry)
         _patch_at(address, stub, path, name, report, size if address == entry else native.PATCH_LEN)
     if any(stub in _DATA_LOADERS for _, _, _, stub in found):
+        query = [_exports.get((path, name), 0) for name in _DEVICE_QUERY]
+        if all(query) and not _state.get("device_query"):  # the first libcuda: every copy reports the same GPUs
+            native.set_device_query(*query)
+            _state["device_query"] = path
         _patch_proc_addresses(path, report)
 
 
@@ -370,8 +377,8 @@ _WRAPPERS: dict[str, dict[str, str]] = {
         "cuLinkAddFile": "the CUDA driver's linker (cuda.bindings.driver.cuLinkAddFile) was about to compile or link",
     },
 }
-# cuda.bindings.driver entries that load an image (or a file: its path is the second argument of
-# cuModuleLoad, the first of cuLibraryLoadFromFile): refused when the image is neither a cubin nor a fatbin
+# cuda.bindings.driver entries that load an image (or a file: its path is the first argument of cuModuleLoad and of
+# cuLibraryLoadFromFile): refused when the C stubs would refuse the image
 _IMAGE_LOADERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData",
                   "cuModuleLoad", "cuLibraryLoadFromFile")
 # cuda.bindings.driver entries after which libcuda is loaded (bindings dlopen it from C): rescanned after the call,
@@ -379,35 +386,34 @@ _IMAGE_LOADERS = ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBina
 _RESCAN_AFTER = ("cuInit", "cuGetProcAddress", "cuDriverGetVersion")
 
 
-def _image_head(image: Any) -> bytes | None:
-    """The first 4 bytes of an image passed to a driver load (bytes, a buffer, or an address), None if unknown."""
+def _image_refusal(image: Any) -> str | None:
+    """Why the C stubs would refuse an image passed to a driver load (bytes, a buffer, str, or an address), None if
+    they would not or the image's form is unknown here (the patched C entry checks it then)."""
     if isinstance(image, str):
-        return image.encode()[:4]
+        image = image.encode()
     if isinstance(image, (bytes, bytearray, memoryview)):
-        return bytes(image[:4])
+        return _native().image_refusal(bytes(image))
     if isinstance(image, int) and image:
-        import ctypes
-
-        return ctypes.string_at(image, 4)
+        return _native().image_refusal(image)
     return None
 
 
-def _file_head(path: Any) -> bytes | None:
-    """The first 4 bytes of the file a driver load names (None if it cannot be read: the driver answers that)."""
+def _file_refusal(path: Any) -> str | None:
+    """Why the C stubs would refuse the file a driver load names (None if it cannot be read: the driver answers that)."""
     try:
         with open(os.fsdecode(path) if isinstance(path, (str, bytes)) else path, "rb") as f:
-            return f.read(4)
+            data = f.read()
     except (OSError, TypeError, ValueError):
         return None
+    return _native().image_refusal(data, True)
 
 
 def _refusing_ptx(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def load(*args: Any, **kwargs: Any) -> Any:
         image = args[0] if args else next(iter(kwargs.values()), None)  # the image (or the path) is the first parameter
-        head = _file_head(image) if name in ("cuModuleLoad", "cuLibraryLoadFromFile") else _image_head(image)
-        if head is not None and head[:4] not in (_ELF, _FATBIN, _FATBIN_WRAPPER):
-            raise _forbid(f"the CUDA driver (cuda.bindings.driver.{name}) was about to JIT-compile an image that is "
-                          "neither a cubin nor a fatbin (PTX, NVVM IR or Tile IR)")
+        why = _file_refusal(image) if name in ("cuModuleLoad", "cuLibraryLoadFromFile") else _image_refusal(image)
+        if why is not None:
+            raise _forbid(f"the CUDA driver (cuda.bindings.driver.{name}) was about to JIT-compile {why}")
         return original(*args, **kwargs)
 
     return load
@@ -562,6 +568,8 @@ def deactivate() -> None:
         finder = _state.pop("finder", None)
         sys.meta_path[:] = [f for f in sys.meta_path if f is not finder]
         native.set_log_fd(-1)
+        native.set_device_query(0, 0, 0)
+        _state.pop("device_query", None)
         if _state["fd"] >= 0:
             os.close(_state["fd"])
         env = _state["env"]

@@ -2,7 +2,10 @@
  * Each launch appends one line to $FAKE_CUDA_LOG:
  *   grid=x,y,z block=x,y,z smem=N stream=S nattrs=K attrs=id:v,... params=<hex of each param, by cubin size>
  * The "cubin" is text: "FAKE <symbol> <param sizes, comma-separated>", or an ELF image with $FAKE_CUDA_PARAM_SIZES set;
- * PTX text is "JIT-compiled" (counted, logged as "jit"); anything else fails. The image loaders that take a path or
+ * PTX text is "JIT-compiled" (counted, logged as "jit"), and so is a fatbin (or a fatbin wrapper) with no ELF entry for
+ * the stand-in GPU's SM ($FAKE_CUDA_SM, default 90; a fatbin is otherwise taken whole, whatever it holds); anything
+ * else fails. The SM is answered by cuDeviceGetAttribute after cuInit (before it, cuDeviceGetCount answers
+ * CUDA_ERROR_NOT_INITIALIZED, as the driver does). The image loaders that take a path or
  * options and cuGetProcAddress_v2 are there for strict mode's tests (tests/loader/strict/test_inprocess_guard.py).
  */
 #include <stdint.h>
@@ -14,7 +17,20 @@
 typedef struct { char symbol[128]; int nsizes; int sizes[64]; } FakeModule;
 static int current_ctx = 0;
 
-NjResult cuInit(unsigned int f) { return 0; }
+static int initialized = 0;
+NjResult cuInit(unsigned int f) { initialized = 1; return 0; }
+static int fake_sm(void) { return getenv("FAKE_CUDA_SM") ? atoi(getenv("FAKE_CUDA_SM")) : 90; }
+NjResult cuDeviceGetCount(int *n) {
+  if (!initialized) return 3; /* CUDA_ERROR_NOT_INITIALIZED */
+  *n = 1;
+  return 0;
+}
+NjResult cuDeviceGetAttribute(int *v, int attr, NjDevice d) {
+  if (!initialized) return 3;
+  if (attr != 75 && attr != 76) return 1; /* COMPUTE_CAPABILITY_MAJOR, _MINOR; nothing else asked */
+  *v = attr == 75 ? fake_sm() / 10 : fake_sm() % 10;
+  return 0;
+}
 NjResult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 NjResult cuGetErrorName(NjResult r, const char **s) { *s = r == 200 ? "CUDA_ERROR_INVALID_IMAGE" : "CUDA_ERROR_FAKE"; return 0; }
 NjResult cuGetErrorString(NjResult r, const char **s) { *s = "fake driver error"; return 0; }
@@ -26,11 +42,36 @@ NjResult cuDevicePrimaryCtxRetain(NjContext *c, NjDevice d) { *c = (NjContext)0x
  * fake_jit_compiles() and logged as "jit" to $FAKE_CUDA_LOG, the module taking any symbol. */
 static int jit_compiles = 0;
 int fake_jit_compiles(void) { return jit_compiles; }
+/* Whether the driver would JIT-compile this fatbin: an entry other than ELF (kind 2), and no ELF entry for fake_sm(),
+ * among the entries that lie within the size its header gives (header: u16 header size at 6, u64 body size at 8; entry: u16 kind, u32 header
+ * size at 4, u64 payload size at 8, u32 SM at 28). */
+static int fatbin_needs_jit(const unsigned char *p) {
+  uint16_t header, kind;
+  uint32_t size, sm;
+  uint64_t body, payload;
+  int others = 0;
+  memcpy(&header, p + 6, 2);
+  memcpy(&body, p + 8, 8);
+  for (uint64_t off = header; off + 32 <= header + body;) {
+    memcpy(&kind, p + off, 2);
+    memcpy(&size, p + off + 4, 4);
+    memcpy(&payload, p + off + 8, 8);
+    memcpy(&sm, p + off + 28, 4);
+    if (size < 32 || off + size + payload > header + body) break;
+    if (kind == 2 && (int)sm == fake_sm()) return 0;
+    others |= kind != 2;
+    off += size + payload;
+  }
+  return others;
+}
 static NjResult load_image(NjModule *m, const void *image) {
   const char *s = (const char *)image;
   FakeModule *fm = calloc(1, sizeof(FakeModule));
   char sizes[512];
-  if (strncmp(s, ".version", 8) == 0 || strncmp(s, "//", 2) == 0) {
+  const unsigned char *fatbin = memcmp(s, "\x50\xed\x55\xba", 4) == 0 ? (const unsigned char *)s
+                                : memcmp(s, "\xb1\x43\x62\x46", 4) == 0 ? *(const unsigned char *const *)(s + 8)
+                                                                          : NULL;
+  if (strncmp(s, ".version", 8) == 0 || strncmp(s, "//", 2) == 0 || (fatbin != NULL && fatbin_needs_jit(fatbin))) {
     jit_compiles++;
     if (getenv("FAKE_CUDA_LOG")) {
       FILE *log = fopen(getenv("FAKE_CUDA_LOG"), "a");
@@ -41,10 +82,10 @@ static NjResult load_image(NjModule *m, const void *image) {
     *m = (NjModule)fm;
     return 0;
   }
-  if (memcmp(s, "\x7f" "ELF", 4) == 0 && getenv("FAKE_CUDA_PARAM_SIZES")) {
-    /* a real cubin: any symbol; parameter sizes come from the test */
+  if (fatbin != NULL || (memcmp(s, "\x7f" "ELF", 4) == 0 && getenv("FAKE_CUDA_PARAM_SIZES"))) {
+    /* a real cubin or fatbin: any symbol; parameter sizes come from the test */
     strcpy(fm->symbol, "*");
-    snprintf(sizes, sizeof(sizes), "%s", getenv("FAKE_CUDA_PARAM_SIZES"));
+    snprintf(sizes, sizeof(sizes), "%s", getenv("FAKE_CUDA_PARAM_SIZES") ? getenv("FAKE_CUDA_PARAM_SIZES") : "8");
   } else if (strncmp(s, "FAKE ", 5) != 0 || sscanf(s + 5, "%127s %511s", fm->symbol, sizes) != 2) {
     free(fm);
     return 200;

@@ -53,9 +53,10 @@
 #            payload of tools/prepare_one_device.py (this repository copy is its repo/ folder)
 #   inprocess  strict mode vs the driver's PTX JIT on the real driver (tests/gpu/test_inprocess_gpu.py: PTX given to every
 #            image loader of libcuda, through ctypes, cuGetProcAddress, cudart and cuda.bindings, and the driver's linker
-#            refused; a cubin loaded through each and its kernel run; a PTX-only fatbin refused by the driver; the
-#            control loads the PTX with strict mode off), then the CPU tests of NVRTC/nvJitLink and the stand-in driver
-#            (tests/loader/strict/test_inprocess_guard.py, tests/loader/strict/test_x86_relocate.py); needs a .whl nojit wheel built with _inproc
+#            refused; a cubin loaded through each and its kernel run; a PTX-only fatbin refused by nojit's fatbin check,
+#            a PTX+sm_90 fatbin loaded and its kernel run; the control loads the PTX with strict mode off), then the CPU
+#            tests of NVRTC/nvJitLink and the stand-in driver (tests/loader/strict/test_inprocess_guard.py, tests/loader/strict/test_x86_relocate.py,
+#            tests/loader/strict/test_fatbin_guard.py: skipped without ptxas/fatbinary); needs a .whl nojit wheel built with _inproc
 #   autotune FLA's autotuned kernels (chunk_local_cumsum fixed/varlen, solve_tril) from .device/vllm_src: Triton's own
 #            autotuner enumerated here, the bundle built from that plan, mode a (Triton benchmarks the bundled cubins),
 #            `nojit tune`, mode b (winners pre-filled, no benchmark) vs the JIT's autotuner from an empty cache with each
@@ -137,7 +138,8 @@ PY
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
       ;;
     inprocess)
-      python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/loader/strict/test_inprocess_guard.py tests/loader/strict/test_x86_relocate.py -q -s \
+      python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/loader/strict/test_inprocess_guard.py tests/loader/strict/test_x86_relocate.py \
+        tests/loader/strict/test_fatbin_guard.py -q -s \
         -p no:cacheprovider \
         2>&1 | tail -40 || rc=1
       ;;

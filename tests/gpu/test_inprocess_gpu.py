@@ -39,6 +39,34 @@ PTX_FATBIN = ("50ed55ba01001000b000000000000000010001015000000060000000000000000
               "00000000110000000000000000000000000000000000000000000000480000000000000000000000000000002e76657273696f6e"
               "20382e300a2e74617267657420736d5f39300a2e616464726573735f73697a652036340a2e76697369626c65202e656e7472"
               "79207477696365282e706172616d202e753634207829207b207265743b207d0a000000000000")
+# `fatbinary -64 --compress-all --create=k.fatbin --image3=kind=ptx,sm=90,file=k.ptx --image3=kind=elf,sm=90,file=k.cubin`
+# (CUDA 13.0; k.ptx from `nvcc -ptx -arch=compute_90`, k.cubin from `ptxas -arch=sm_90 k.ptx`) of
+# extern "C" __global__ void k(float* x) { x[0] = 2.0f; }
+SASS_FATBIN = ("50ed55ba01001000f0040000000000000100010150000000c800000000000000c600000040000000000009005a00000000000000"
+               "000000001180000000000000000000000000000006010000000000004800000000000000000000000000000028b52ffd600600e5"
+               "0500528b25216067ab0330551f444e3f7e244b428a1a2508027c37ea37d95bb6af730a8288a80e007fc2df26f75b522454ad29df"
+               "981a48acb00a2829921afb38cd1ba298a738ccb2cedc371f823745429104fb80ccff865807d887b2a421d4a10f554b595db8f708"
+               "1738726ea12c69ac36af5fc13e60a1063d19bcca8c12656489f241944e4a6e08df1e195c2375f2d26feed11a94e144d9fcec030d"
+               "005885b82a90566b95e1cc530d4ffa96126a43348008b8a6496298374faaa1c99c10000002000101400000009803000000000000"
+               "9403000000000000080001005a000000000000000000000011800000000000000000000000000000700d00000000000028b52ffd"
+               "60700c551c004625834700ed36632f828ab92d1bd8de71928c688d4464fad57f9dbe894ee04d079adb96a496b6dfb661320b3994"
+               "375f44db08582cbf0e56ea4dddc2bf74ffa3b0bed8d70ff46d4b29650a6c006f006f0012ae73b90de23d82a1f8dae10eb59812b1"
+               "cef93e8cbfaceff30a6b5497c3c2c9de3d77bddcd279ccdacb1aa7469dbb5d79df6f2caec2d36db14e210a54e9ecdb026fde2178"
+               "eff2c0d4d8ad5ef73878eb3da6c6abdd74ec2a378d6e63332052cde73f9c3e639993327800632161b83730546dfca936ecb15c3e"
+               "62d71627fc47f96f412fead06563897989a181f05b90f89fe1a401f6235908d953660f21c91e9256c1be829465596a4c8f49dae0"
+               "f8670746911d710041dbff0df6e33f0fe966b472ecf5bfc888551feeb8ae938191e95a60d7713b8f2854785779153ef485a86885"
+               "45b1cfe8c6ff8b6718f659c7cc6d013b67575f7ad47fa6fe6388804db17f86fd1cd1bfd2392dea318c7e52fa5f508e07b01989cf"
+               "6d2a8a8d5be956e3963a699ce05c77529272a2e004c5e4ea4ca23becb14e9bf7a9582d5751b934db08774d4ab63ce2fc65bd8d8c"
+               "5fffff3f1b6173966a46b4d46282ac3c272b468e6e6c0973c021ab1b0612a2be9c10f33dfcfc8f000224c61cdb5ca6151b544224"
+               "256a28d12152c04430673254985effd23510af17ca92e8d5e05a8a57f225730342276d7458fad7cf3511b7143a5c132a4dd85e70"
+               "8d033f869774c7e7da5039770280c0a821554864444624490a920eb08221221a751260b2349862144302c4203324d12829292a49"
+               "510a8d01538dd4fcf6e7ea25fa6783008ec9130e8c98186c86030664123116cbe45d5e1c6283e7f0f6682e5f43e60ed927ddb105"
+               "75e87e5a998eeae01c0f78ec799e721deeaf1c7af0ce15fb21f6515b87e549cedb10dd8c7ac7348471c688188feab88489594e33"
+               "ebac2c5e3eb6810fa1567c1f4f161e43280c16e31528e70db2ce2f1666b8f2809eeda17ec8eee01e953e6b0211a3656e842a744b"
+               "81b9be472d7ffae5bbd19972f7606ea9c8d25a9a71800e2c66376859d1e9b9bd2d747c65db2eda7dbd636abccaa9cd99e6d292d1"
+               "c3d4b7766ad41de90347bf5821d53a7a39ecb2aa2de32b912ace22d189af6e8506f3ccf1060752efa0c5ec94b456d0adc72afe08"
+               "6f265a14ea99dbe57819e1d86d69a691db31d19e246ccc537b0833a84dd2d479d3632cb458aa8a8113fb441f340cf91031bee818"
+               "eb2e84805470f1e8f01947ef226ede67de4c945a8296e3341e54026700000000")
 out = {}
 cubin = None
 if os.environ.get("NOJIT_TEST_CUBIN") and os.path.exists(os.environ["NOJIT_TEST_CUBIN"]):
@@ -98,8 +126,21 @@ try:  # cudart (CUDA 12.5+), which takes its driver entries from cuGetProcAddres
     out["cudart_ptx_load"] = cudart.cudaLibraryLoadData(ctypes.byref(ctypes.c_void_p()), PTX, None, None, 0, None, None, 0)
 except (ImportError, IndexError, OSError, AttributeError):
     pass
-# a fatbin holding only that PTX (no SASS): passed on by nojit's stub, left to CUDA_DISABLE_PTX_JIT
+# a fatbin holding only that PTX (no SASS): JIT-compiled by the driver despite CUDA_DISABLE_PTX_JIT=1 (H200, driver
+# 580), so refused by nojit's fatbin check under strict mode; one with sm_90 SASS too loads and its kernel runs
 out["ptx_fatbin_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), bytes.fromhex(PTX_FATBIN))
+mod, fn, dptr = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
+out["sass_fatbin_load"] = cuda.cuModuleLoadData(ctypes.byref(mod), bytes.fromhex(SASS_FATBIN))
+if out["sass_fatbin_load"] == 0:
+    cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k")
+    cuda.cuMemAlloc_v2(ctypes.byref(dptr), 4)
+    cuda.cuMemsetD32_v2(dptr, 0xFFFFFFFF, 1)  # poisoned: a NaN
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(dptr), ctypes.c_void_p))
+    out["sass_fatbin_launch"] = cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, params, None)
+    cuda.cuCtxSynchronize()
+    value = ctypes.c_float()
+    cuda.cuMemcpyDtoH_v2(ctypes.byref(value), dptr, 4)
+    out["sass_fatbin_wrote"] = value.value
 out["ctypes_ptx_load"] = out["ptx_loads"]["cuModuleLoadData"]
 if cubin is not None:
     with open(os.path.join(work, mode + ".cubin"), "wb") as f:
@@ -246,14 +287,25 @@ def test_cudart_library_load_of_ptx_is_refused(tmp_path):
     assert strict["cudart_ptx_load"] != 0, strict
 
 
-def test_ptx_inside_a_fatbin_is_left_to_CUDA_DISABLE_PTX_JIT(tmp_path):
-    """A fatbin passes nojit's check (its SASS must load); PTX inside it is what CUDA_DISABLE_PTX_JIT=1 covers. A
-    fatbin with only PTX: loaded (JIT-compiled) with strict mode off, refused by the driver under strict mode."""
+def test_ptx_only_fatbin_refused_by_the_fatbin_check(tmp_path):
+    """The H200 (driver 580.159.04) JIT-compiled a PTX-only fatbin under strict mode although CUDA_DISABLE_PTX_JIT=1
+    was set before cuInit: nojit's stub now reads the fatbin's entries and refuses one with no cubin for the GPU's
+    SM. Control: with strict mode off the driver loads (JIT-compiles) it."""
     off, _ = run(tmp_path, "off")
     assert off["ptx_fatbin_load"] == 0, off  # control: the driver JIT-compiles the fatbin's PTX
     strict, events = run(tmp_path, "strict")
-    print("strict PTX-only fatbin:", strict["ptx_fatbin_load"])
-    assert strict["ptx_fatbin_load"] != 0, strict
+    assert strict["ptx_fatbin_load"] == 223, strict  # CUDA_ERROR_JIT_COMPILATION_DISABLED, from nojit's stub
+    assert [e for e in events if e.get("symbol") == "cuModuleLoadData" and "no sm_90 cubin" in e["what"]], events
+
+
+def test_fatbin_with_sm_90_sass_loads_and_runs_in_strict_mode(tmp_path):
+    """A fatbin with PTX and an sm_90 cubin (as torch's and the bundle's modules are) goes on to the driver: it loads
+    through the patched cuModuleLoadData as with strict mode off, and its kernel writes 2.0 over a poisoned buffer."""
+    off, _ = run(tmp_path, "off")
+    assert off["sass_fatbin_load"] == 0 and off["sass_fatbin_wrote"] == 2.0, off  # control
+    strict, _ = run(tmp_path, "strict")
+    assert strict["sass_fatbin_load"] == 0 and strict["sass_fatbin_launch"] == 0, strict
+    assert strict["sass_fatbin_wrote"] == 2.0, strict
 
 
 def test_cubins_still_load_through_every_patched_loader_and_run(tmp_path):
