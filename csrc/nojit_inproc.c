@@ -331,6 +331,244 @@ static void *const loader_stubs[SLOTS][K_COUNT] = {LOADER_ROW(0), LOADER_ROW(1),
 static const char *const loader_names[K_COUNT] = {"cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
                                                   "cuLibraryLoadData", "cuModuleLoad", "cuLibraryLoadFromFile"};
 
+/* ---- Exec guard (loader/strict/exec_guard.py), only where Landlock's exec allow-list is not applied: libc's own
+ * execve, execveat and fexecve bodies jump here. glibc's system(), popen(), posix_spawn(p), the exec*() family and
+ * Python's subprocess all reach execve through libc's internal alias, the same address, also in the child after
+ * fork/vfork/clone (the patched text is inherited). Their first instructions (`mov $nr,%eax; syscall; cmp; jae`) are
+ * not movable (x86_relocate.py refuses the syscall and the branch), so the stub never returns into them: the bodies are
+ * plain syscall wrappers, and an allowed exec is made here by libc's syscall(). What runs here must be
+ * async-signal-safe (a vfork child runs it): stat/open/read and table lookups on static memory, no malloc, no stdio.
+ * A target is refused when it, or a path-like word of its argv (a shell's `-c` command, `env gcc`, `ld.so cc1`), is
+ * a compiler: its (dev, inode) is one of the compilers', or its size is one's and its bytes are the same. */
+#include <errno.h>
+#include <sys/syscall.h>
+#define EG_MAX_IDS 8192
+#define EG_MAX_SIZED 1024
+#define EG_POOL (256 * 1024)
+static struct { unsigned long long dev, ino; } eg_ids[EG_MAX_IDS];
+static int eg_nids;
+static struct { long long size; int path; } eg_sized[EG_MAX_SIZED]; /* a compiler's size and its path in eg_pool */
+static int eg_nsized;
+static char eg_pool[EG_POOL];
+static atomic_int eg_log_fd = -1;
+static char eg_log_path[PATH_MAX]; /* opened again where the descriptor is gone (a child that closed its fds) */
+static unsigned long long eg_log_id[2]; /* the (dev, inode) the descriptor was opened on */
+static atomic_long eg_refusals = 0;
+
+static int eg_same_bytes(int fd, const char *other) {
+  int ofd = open(other, O_RDONLY | O_CLOEXEC);
+  if (ofd < 0) return 0;
+  char a[1024], b[1024];
+  off_t at = 0;
+  int same = 1;
+  for (;;) {
+    ssize_t n = pread(fd, a, sizeof a, at), m = pread(ofd, b, sizeof b, at);
+    if (n != m || n < 0 || memcmp(a, b, (size_t)n) != 0) { same = 0; break; }
+    if (n == 0) break;
+    at += n;
+  }
+  close(ofd);
+  return same;
+}
+
+/* Whether the file (dirfd, path, fstatat flags) is a compiler: by inode, or by size and content. */
+static int eg_is_compiler(int dirfd, const char *path, int flags) {
+  struct stat st;
+  if (path == NULL || fstatat(dirfd, path, &st, flags) != 0 || !S_ISREG(st.st_mode)) return 0;
+  for (int i = 0; i < eg_nids; i++)
+    if (eg_ids[i].dev == (unsigned long long)st.st_dev && eg_ids[i].ino == (unsigned long long)st.st_ino) return 1;
+  for (int i = 0; i < eg_nsized; i++) {
+    if (eg_sized[i].size != (long long)st.st_size) continue;
+    int fd = (flags & AT_EMPTY_PATH) && path[0] == '\0' ? dup(dirfd) : openat(dirfd, path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat again;
+    int same = fstat(fd, &again) == 0 && again.st_size == st.st_size && eg_same_bytes(fd, eg_pool + eg_sized[i].path);
+    close(fd);
+    if (same) return 1;
+  }
+  return 0;
+}
+
+/* The first path-like word (one with a '/') of argv[1..] that is a compiler, copied into `out`, else 0. Words are
+ * split at blanks and the shell's quoting and operator characters, and at '=' (`x=/usr/bin/gcc; $x`). */
+static int eg_compiler_in_argv(char *const argv[], char *out, size_t cap) {
+  if (argv == NULL || argv[0] == NULL) return 0;
+  for (int a = 1; argv[a] != NULL && a < 4096; a++) {
+    const char *s = argv[a];
+    while (*s) {
+      while (*s && strchr(" \t\n;&|()<>`$'\"={}", *s)) s++;
+      size_t n = 0;
+      int slash = 0;
+      while (s[n] && !strchr(" \t\n;&|()<>`$'\"={}", s[n])) slash |= s[n++] == '/';
+      if (slash && n < cap) {
+        memcpy(out, s, n);
+        out[n] = '\0';
+        if (eg_is_compiler(AT_FDCWD, out, 0)) return 1;
+      }
+      s += n;
+    }
+  }
+  return 0;
+}
+
+static size_t eg_put(char *line, size_t at, size_t cap, const char *text, int escape) {
+  for (; text && *text && at + 1 < cap; text++) {
+    char c = *text;
+    line[at++] = escape && (c == '"' || c == '\\' || (unsigned char)c < 0x20) ? '?' : c;
+  }
+  return at;
+}
+
+static size_t eg_put_long(char *line, size_t at, size_t cap, long v, int width) {
+  char digits[24];
+  int n = 0;
+  if (v < 0) { at = eg_put(line, at, cap, "-", 0); v = -v; }
+  do { digits[n++] = (char)('0' + v % 10); v /= 10; } while (v && n < 20);
+  while (n < width) digits[n++] = '0';
+  while (n && at + 1 < cap) line[at++] = digits[--n];
+  return at;
+}
+
+/* The firewall's event line, built by hand (no stdio in a vfork child). */
+static void eg_refuse(const char *symbol, const char *target, const char *word) {
+  atomic_fetch_add(&eg_refusals, 1);
+  int fd = atomic_load(&eg_log_fd);
+  if (fd < 0) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  char line[PATH_MAX + 512];
+  size_t n = 0, cap = sizeof line - 2;
+  n = eg_put(line, n, cap, "{\"event\": \"compile_forbidden\", \"pid\": ", 0);
+  n = eg_put_long(line, n, cap, (long)syscall(SYS_getpid), 1);
+  n = eg_put(line, n, cap, ", \"symbol\": \"", 0);
+  n = eg_put(line, n, cap, symbol, 0);
+  n = eg_put(line, n, cap, "\", \"time\": ", 0);
+  n = eg_put_long(line, n, cap, (long)ts.tv_sec, 1);
+  n = eg_put(line, n, cap, ".", 0);
+  n = eg_put_long(line, n, cap, ts.tv_nsec / 1000000L, 3);
+  n = eg_put(line, n, cap, ", \"via\": \"exec-guard\", \"what\": \"", 0);
+  n = eg_put(line, n, cap, word ? "a command naming the compiler " : "the compiler ", 0);
+  n = eg_put(line, n, cap, word ? word : target, 1);
+  n = eg_put(line, n, cap, word ? " was about to run (" : " was about to run", 0);
+  if (word) n = eg_put(line, n, cap, target, 1);
+  n = eg_put(line, n, cap, word ? ") without Landlock\"}" : " without Landlock\"}", 0);
+  line[n++] = '\n';
+  struct stat st; /* the descriptor may be closed, or its number reused by a child for another file */
+  int ours = fstat(fd, &st) == 0 && (unsigned long long)st.st_dev == eg_log_id[0] &&
+             (unsigned long long)st.st_ino == eg_log_id[1];
+  if ((!ours || write(fd, line, n) < 0) && eg_log_path[0] != '\0') {
+    int again = open(eg_log_path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+    if (again >= 0) {
+      ssize_t w = write(again, line, n);
+      (void)w;
+      close(again);
+    }
+  }
+}
+
+static int eg_check(const char *symbol, int dirfd, const char *path, char *const argv[], int flags) {
+  char word[PATH_MAX];
+  int empty = (flags & AT_EMPTY_PATH) && path != NULL && path[0] == '\0';
+  if (eg_is_compiler(dirfd, path, flags & AT_EMPTY_PATH)) {
+    eg_refuse(symbol, empty ? "(an open descriptor)" : path, NULL);
+    return -1;
+  }
+  if (eg_compiler_in_argv(argv, word, sizeof word)) {
+    eg_refuse(symbol, empty ? "(an open descriptor)" : path, word);
+    return -1;
+  }
+  return 0;
+}
+
+static int eg_execve(const char *path, char *const argv[], char *const envp[]) {
+  if (eg_check("execve", AT_FDCWD, path, argv, 0) != 0) { errno = EACCES; return -1; }
+  return (int)syscall(SYS_execve, path, argv, envp);
+}
+static int eg_execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags) {
+  if (eg_check("execveat", dirfd, path, argv, flags) != 0) { errno = EACCES; return -1; }
+  return (int)syscall(SYS_execveat, dirfd, path, argv, envp, flags);
+}
+static int eg_fexecve(int fd, char *const argv[], char *const envp[]) {
+  if (eg_check("fexecve", fd, "", argv, AT_EMPTY_PATH) != 0) { errno = EACCES; return -1; }
+  return (int)syscall(SYS_execveat, fd, "", argv, envp, AT_EMPTY_PATH);
+}
+
+/* exec_guard_set(ids, sized, fd): the compilers' (dev, inode) pairs, their (size, path) for the content check, the
+ * event log descriptor (-1: none) and its path (opened again in a child that closed the descriptor). */
+static PyObject *py_exec_guard_set(PyObject *self, PyObject *args) {
+  PyObject *ids, *sized;
+  int fd;
+  const char *log_path = "";
+  if (!PyArg_ParseTuple(args, "OOi|s", &ids, &sized, &fd, &log_path)) return NULL;
+  if (strlen(log_path) >= sizeof eg_log_path) {
+    PyErr_SetString(PyExc_ValueError, "the event log's path is too long");
+    return NULL;
+  }
+  Py_ssize_t ni = PyList_Size(ids), ns = PyList_Size(sized);
+  if (ni < 0 || ns < 0) return NULL;
+  if (ni > EG_MAX_IDS || ns > EG_MAX_SIZED) {
+    PyErr_Format(PyExc_ValueError, "at most %d compiler inodes and %d sizes", EG_MAX_IDS, EG_MAX_SIZED);
+    return NULL;
+  }
+  for (Py_ssize_t i = 0; i < ni; i++) {
+    unsigned long long dev, ino;
+    if (!PyArg_ParseTuple(PyList_GetItem(ids, i), "KK", &dev, &ino)) return NULL;
+    eg_ids[i].dev = dev;
+    eg_ids[i].ino = ino;
+  }
+  size_t used = 0;
+  for (Py_ssize_t i = 0; i < ns; i++) {
+    long long size;
+    const char *path;
+    if (!PyArg_ParseTuple(PyList_GetItem(sized, i), "Ls", &size, &path)) return NULL;
+    size_t len = strlen(path) + 1;
+    if (used + len > EG_POOL) {
+      PyErr_SetString(PyExc_ValueError, "the compilers' paths do not fit the exec guard's table");
+      return NULL;
+    }
+    memcpy(eg_pool + used, path, len);
+    eg_sized[i].size = size;
+    eg_sized[i].path = (int)used;
+    used += len;
+  }
+  eg_nids = (int)ni;
+  eg_nsized = (int)ns;
+  memcpy(eg_log_path, log_path, strlen(log_path) + 1);
+  struct stat st;
+  eg_log_id[0] = eg_log_id[1] = 0;
+  if (fd >= 0 && fstat(fd, &st) == 0) {
+    eg_log_id[0] = (unsigned long long)st.st_dev;
+    eg_log_id[1] = (unsigned long long)st.st_ino;
+  }
+  atomic_store(&eg_log_fd, fd);
+  Py_RETURN_NONE;
+}
+
+/* exec_guard_check(path[, argv]) -> the compiler it would refuse for (the path or an argv word), or None. */
+static PyObject *py_exec_guard_check(PyObject *self, PyObject *args) {
+  const char *path;
+  PyObject *words = NULL;
+  if (!PyArg_ParseTuple(args, "s|O", &path, &words)) return NULL;
+  if (eg_is_compiler(AT_FDCWD, path, 0)) return PyUnicode_FromString(path);
+  if (words == NULL) Py_RETURN_NONE;
+  Py_ssize_t n = PyList_Size(words);
+  if (n < 0 || n > 4000) return n < 0 ? NULL : PyErr_Format(PyExc_ValueError, "too many words");
+  char *argv[4002];
+  argv[0] = (char *)path;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    argv[i + 1] = (char *)PyUnicode_AsUTF8AndSize(PyList_GetItem(words, i), NULL);
+    if (argv[i + 1] == NULL) return NULL;
+  }
+  argv[n + 1] = NULL;
+  char word[PATH_MAX];
+  if (eg_compiler_in_argv(argv, word, sizeof word)) return PyUnicode_FromString(word);
+  Py_RETURN_NONE;
+}
+
+static PyObject *py_exec_guard_refusals(PyObject *self, PyObject *noargs) {
+  return PyLong_FromLong(atomic_load(&eg_refusals));
+}
+
 static const struct {
   const char *name;
   void *address;
@@ -342,6 +580,9 @@ static const struct {
     {"nvvmCompileProgram", (void *)stub_nvvmCompileProgram},
     {"cuLinkAddData", (void *)stub_cuLinkAddData},
     {"cuLinkAddFile", (void *)stub_cuLinkAddFile},
+    {"execve", (void *)eg_execve},
+    {"execveat", (void *)eg_execveat},
+    {"fexecve", (void *)eg_fexecve},
 };
 
 static int write_code(unsigned char *at, const unsigned char *code, size_t len) {
@@ -562,6 +803,11 @@ static PyMethodDef methods[] = {
     {"refusals", py_refusals, METH_NOARGS, "refusals() -> how many calls the stubs refused"},
     {"loaded", py_loaded, METH_NOARGS, "loaded() -> (adds, [(path, load bias)]) of the loaded objects"},
     {"adds", py_adds, METH_NOARGS, "adds() -> objects loaded so far by the dynamic loader"},
+    {"exec_guard_set", py_exec_guard_set, METH_VARARGS,
+     "exec_guard_set(ids, sized, fd[, log_path]): the compilers' (dev, inode) and (size, path), the event log"},
+    {"exec_guard_check", py_exec_guard_check, METH_VARARGS,
+     "exec_guard_check(path[, words]) -> the compiler the exec guard would refuse for, or None"},
+    {"exec_guard_refusals", py_exec_guard_refusals, METH_NOARGS, "exec_guard_refusals() -> execs refused"},
     {NULL, NULL, 0, NULL},
 };
 

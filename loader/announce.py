@@ -60,9 +60,10 @@ def firewall_state(inst: object) -> str:
     report = firewall.active() if hasattr(firewall, "active") else None
     if report is None:
         return "not active"
+    from nojit.loader.strict import exec_guard
     from nojit.loader.strict import inprocess_guard
     from nojit.loader.strict import landlock
 
-    parts = [r.summary() for r in (landlock.report(), inprocess_guard.report()) if r is not None]
+    parts = [r.summary() for r in (landlock.report(), exec_guard.report(), inprocess_guard.report()) if r is not None]
     return (f"on ({len(report.names)} stand-ins in {report.bin_dir}, versions from {report.versions_from})"
             + "".join(f"; {p}" for p in parts))

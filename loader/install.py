@@ -26,7 +26,7 @@ from typing import Any
 from nojit.loader.bundle.file import Bundle
 from nojit.loader.errors import BundleError, BundleMismatchError
 from nojit.loader.faces import Handle, InstallContext
-from nojit.loader.strict import firewall, landlock
+from nojit.loader.strict import exec_guard, firewall, landlock
 from nojit.loader.bundle.driver_floor import check_driver
 from nojit.loader.strict.guards import install_strict_guards
 from nojit.loader.policy import KeyRecorder, ServingPolicy
@@ -147,7 +147,9 @@ def install(
             fw = firewall.activate(bundle.index)  # before anything imports a library that looks for compilers
             clock.step("firewall")
             # the kernel's exec allow-list, inherited by every child and irreversible (loader/strict/landlock.py)
-            landlock.enforce(os.path.join(fw.root, "nojit-stand-in"), firewall.runtime_dir())
+            ll = landlock.enforce(os.path.join(fw.root, "nojit-stand-in"), firewall.runtime_dir())
+            # where that allow-list is not applied, libc's exec entries refuse compilers instead (Build 2b)
+            exec_guard.activate(ll.state, firewall.runtime_dir())
             clock.step("landlock")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         clock.step("versions")

@@ -411,8 +411,8 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
         _report = Report("unavailable", reason=f"no Landlock in kernel {platform.release()}")
         if not settings.quiet:
             print(f"nojit[pid {os.getpid()}]: Landlock is not available (kernel {platform.release()}): strict mode "
-                  "refuses compiler processes with the audit hook and the PATH stand-ins only; a compiler started "
-                  "by absolute path from C code is not refused", file=sys.stderr, flush=True)
+                  "refuses compiler processes with the audit hook, the PATH stand-ins and libc's exec entries "
+                  "(exec guard); a raw exec syscall or a path a shell builds at run time is not refused", file=sys.stderr, flush=True)
         return _report
     t = time.perf_counter()
     comp = compilers_mod.find(runtime_dir)

@@ -96,7 +96,10 @@ forms = {
     "ld_so_cc1": ld_so_cc1,
 }
 for form in forms.values():
-    form()
+    try:
+        form()
+    except OSError:  # refused before it started (the exec guard without Landlock): it made no file
+        pass
 results = {name: os.path.exists(out(name)) for name in forms}
 tool = subprocess.run([f"{work}/allowed/mytool"], capture_output=True).returncode if os.path.exists(
     f"{work}/allowed/mytool") else None

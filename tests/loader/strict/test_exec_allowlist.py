@@ -105,15 +105,31 @@ def test_positive_control_the_same_forms_compile_without_strict_mode(work):
     assert control["compiled"]["copy_in_allowed_folder"] is True  # the copy answers -dumpversion: it is gcc
 
 
+# what the exec guard (loader/strict/exec_guard.py) cannot see without Landlock: a path the shell builds at run time
+WITHOUT_LANDLOCK_OPEN = ("shell_glob",)
+
+
 @needs_gcc
-def test_without_landlock_the_stand_ins_still_catch_an_orphan_by_name(work):
-    """NOJIT_LANDLOCK=0 (what a kernel without Landlock gets): the firewall folder outlives the process, so an
-    orphan that runs `gcc` by name meets the stand-in. Absolute paths from C are not refused then (README)."""
+def test_without_landlock_the_exec_guard_refuses_the_same_forms(work):
+    """NOJIT_LANDLOCK=0 (what a kernel without Landlock gets): libc's exec entries are patched (Build 2b), so gcc by
+    absolute path from C (system, fork+execv, posix_spawn), a copy, a symlink, a child Python's execv and the orphan
+    are refused, each with an exec-guard event line; the stand-ins still catch the orphan by name. A glob the shell
+    expands is not seen (README). The positive control is test_positive_control_the_same_forms_compile_..."""
+    log = work / "events.jsonl"
+    log.write_text("")
     off = run_probe(work, NOJIT_MODE="strict", NOJIT_LANDLOCK="0")
     assert off["landlock"]["state"] == "off"
-    assert off["compiled"]["orphan_by_name"] is False
-    assert off["compiled"]["c_system_abs"] is True  # the hole Landlock closes, shown
-    print("without Landlock, compiled:", sorted(f for f, v in off["compiled"].items() if v))
+    compiled = off["compiled"]
+    print("without Landlock, compiled:", sorted(f for f, v in compiled.items() if v))
+    assert sorted(f for f in (*FORMS, *ORPHANS) if compiled[f]) == sorted(WITHOUT_LANDLOCK_OPEN), compiled
+    assert compiled["ld_so_cc1"] is False  # cc1 named in ld.so's argv
+    assert off["allowed_tool_exit"] == 0  # a non-compiler still runs under the guard
+    events = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    guard = [e for e in events if e.get("via") == "exec-guard"]
+    assert guard and all(e["event"] == "compile_forbidden" for e in guard), events
+    what = " ".join(e["what"] for e in guard)
+    for shown in ("/usr/bin/gcc", "/cp/mycc", "/ln/mycc", "/allowed/mycc"):
+        assert shown in what, what
 
 
 def test_no_landlock_is_said_in_one_line():
