@@ -92,3 +92,14 @@ def test_the_check_names_copies_links_and_words(work, tmp_path):
                        env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)})
     lines = p.stdout.splitlines()
     assert lines == [f"['{work}/cp/mycc', '{work}/ln/mycc', None]", "/usr/bin/gcc", "None"], p.stderr
+
+
+def test_a_libc_whose_exec_body_is_not_the_expected_wrapper_is_left_alone(tmp_path):
+    """The stubs never return into libc, so only a body known to be the plain syscall wrapper is replaced."""
+    code = ("from nojit.loader.strict import exec_guard as g; g._WRAPPERS['execve'] = b'\\x90' * 7; "
+            "r = g.activate('off', None); print(r.patched); print(r.skipped); print(r.summary())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)})
+    lines = p.stdout.splitlines()
+    assert lines[0] == "['execveat', 'fexecve']", p.stderr
+    assert "execve: not the syscall wrapper expected" in lines[1] and "not patched:" in lines[2]
