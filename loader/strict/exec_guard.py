@@ -18,6 +18,10 @@ Not refused (Landlock closes these): a compiler reached through a word the shell
 variable assembled from pieces, a file written then run), a raw `syscall(SYS_execve)` or a statically linked
 program's own exec, a program run by a child process whose image was exec'd (the patch does not survive exec: a
 shell's own exec of a path it computed), and a copy whose bytes differ from every compiler found.
+
+Like the Landlock domain it stands in for, the patch is applied once at strict install (install.py, right after
+landlock.enforce, before vLLM starts its threads) and not undone by uninstall; patching libc's exec bodies while
+another thread runs their first bytes would not be safe, and strict install runs before the serving process does.
 """
 
 from __future__ import annotations
@@ -89,9 +93,16 @@ def activate(landlock_state: str, runtime_dir: str | None) -> ExecGuardReport | 
                      0o600)
     except Exception:  # no event log: the refusal itself (EACCES) stays the answer
         fd = -1
-    native.exec_guard_set(ids, sized, fd, log)
-    _state["fd"] = fd
     report = ExecGuardReport(compilers=len(files))
+    try:
+        native.exec_guard_set(ids, sized, fd, log)
+    except ValueError as exc:  # more compilers than the C tables hold: nothing patched, and the report says why
+        report.skipped.append(str(exc))
+        _state["report"] = report
+        if fd >= 0:
+            os.close(fd)
+        return report
+    _state["fd"] = fd
     _, loaded = native.loaded()
     for path, bias in loaded:
         if not _LIBC.search(path):
@@ -112,7 +123,11 @@ def activate(landlock_state: str, runtime_dir: str | None) -> ExecGuardReport | 
             if size < native.PATCH_LEN or (prologue is not None and _code_at(address, len(prologue)) != prologue):
                 report.skipped.append(f"{path}:{name}: not the syscall wrapper expected")
                 continue
-            _patches[address] = native.patch(address, name)
+            try:
+                _patches[address] = native.patch(address, name)
+            except (OSError, ValueError) as exc:
+                report.skipped.append(f"{path}:{name}: not patched ({exc})")
+                continue
             report.patched.append(name)
     _state["report"] = report
     return report

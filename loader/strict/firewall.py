@@ -50,7 +50,8 @@ Values captured at import before `activate()` are re-pointed too when their modu
 loaded: `torch.utils.cpp_extension.CUDA_HOME`, `tilelang.env.Environment.CUDA_HOME`. What stays
 open: a library that captured the real toolkit path before activation and then execs it by
 absolute path from C (none known in vLLM 0.33.0's process; Python execs are caught by the audit
-hook in guards.py whatever the path).
+hook in guards.py whatever the path); Landlock (landlock.py) refuses that exec, or where it is not applied the exec
+guard in libc's exec entries (exec_guard.py).
 """
 
 from __future__ import annotations
