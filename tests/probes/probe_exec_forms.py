@@ -111,7 +111,11 @@ from nojit.loader.strict import landlock
 child = subprocess.run([sys.executable, "-c", "from nojit.loader.strict import landlock; print(landlock.enforce(None, None).state)"],
                        capture_output=True, text=True).stdout.strip()  # a spawned child inherits, stacks nothing
 
+from nojit.loader.strict import exec_guard
+
 r = landlock.report()
+eg = exec_guard.report()
 print("RESULT " + json.dumps({"compiled": results, "allowed_tool_exit": tool, "mode": inst.mode.value, "child": child,
+                              "exec_guard": None if eg is None else eg.summary(),
                               "landlock": None if r is None else {"state": r.state, "abi": r.abi, "rules": r.rules,
                                                                   "ms": r.ms, "tsync": r.tsync}}), flush=True)

@@ -83,6 +83,7 @@ def run_probe(work, **env: str) -> dict:
 def test_every_process_compiler_form_is_refused_by_the_kernel(work):
     first = run_probe(work, NOJIT_MODE="strict")
     assert first["landlock"]["state"] == "on" and first["mode"] == "strict", first
+    assert first["exec_guard"] is None  # libc left as it is where the kernel refuses
     compiled = first["compiled"]
     assert [f for f in (*FORMS, *ORPHANS) if compiled[f]] == [], compiled
     assert first["allowed_tool_exit"] == 0  # a non-compiler in an allowed folder still runs
@@ -124,6 +125,7 @@ def test_without_landlock_the_exec_guard_refuses_the_same_forms(work):
     assert sorted(f for f in (*FORMS, *ORPHANS) if compiled[f]) == sorted(WITHOUT_LANDLOCK_OPEN), compiled
     assert compiled["ld_so_cc1"] is False  # cc1 named in ld.so's argv
     assert off["allowed_tool_exit"] == 0  # a non-compiler still runs under the guard
+    assert off["exec_guard"].startswith("exec guard on libc's execve, execveat, fexecve ("), off  # the startup phrase
     events = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     guard = [e for e in events if e.get("via") == "exec-guard"]
     assert guard and all(e["event"] == "compile_forbidden" for e in guard), events
