@@ -61,8 +61,10 @@ def served(fla_bundle, monkeypatch):
         return [1.0 if launched and launched[0]["block"][0] == 4 * 32 else 2.0] * 3
 
     monkeypatch.setattr(triton.testing, "do_bench", timed)
+    from nojit.loader.launch import cuda_launch, torch_cuda
+
+    monkeypatch.setattr(cuda_launch, "_launcher", cuda_launch._launcher)  # the dry launcher is undone after the test
     dry = install_dry_run()
-    from nojit.loader.launch import torch_cuda
 
     monkeypatch.setattr(torch_cuda, "device_capability", lambda device: (9, 0))  # the loader's arch check: an H200
     insts = []
@@ -78,9 +80,21 @@ def served(fla_bundle, monkeypatch):
 
 
 def cumsum():
-    import vllm.third_party.flash_linear_attention.ops.cumsum as m
+    """FLA's cumsum module. FLA's utils ask the device's name at import when Triton's active driver says CUDA, as
+    nojit's stand-in Triton driver does once an earlier test of this process installed it (the build's probe, too,
+    imports FLA under a CUDA driver); the stand-in H200 answers, as the build's platform does, since this box has
+    no driver to."""
+    import importlib
 
-    return m
+    import torch
+
+    name = "vllm.third_party.flash_linear_attention.ops.cumsum"
+    if name in sys.modules:
+        return sys.modules[name]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+        mp.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+        return importlib.import_module(name)
 
 
 def _autotuner(kernel):
