@@ -2,7 +2,7 @@
  * nojit C launcher. See nojit_cuda.h for the contract.
  *
  * The few driver types used here are declared locally with the layout the CUDA driver
- * ABI fixes (checked against the real cuda.h by tests/test_csrc_abi.py), so building
+ * ABI fixes (checked against the real cuda.h by tests/csrc/test_launcher.py), so building
  * needs no CUDA headers. Entry points are resolved with dlsym from libcuda.so.1.
  */
 #define _GNU_SOURCE

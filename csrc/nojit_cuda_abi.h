@@ -2,7 +2,7 @@
  * The slice of the CUDA driver ABI the launcher uses, declared with our own names.
  *
  * Values and layouts are fixed by the driver ABI (cuda.h, CUDA 12 and 13 alike);
- * tests/test_csrc_abi.py compiles these next to the real cuda.h and checks every size,
+ * tests/csrc/test_launcher.py compiles these next to the real cuda.h and checks every size,
  * offset and constant, so a mistake here cannot ship.
  */
 #ifndef NOJIT_CUDA_ABI_H
