@@ -25,4 +25,12 @@ except AttributeError:  # pragma: no cover - older torch
 
 
 def device_capability(device: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+    """The device's (major, minor), for the exact-architecture check before the first load. torch raises a bare
+    RuntimeError where no driver or device answers; the loader's callers get a LaunchError naming the device."""
+    from nojit.loader.errors import LaunchError
+
+    try:
+        return torch.cuda.get_device_capability(device)
+    except (RuntimeError, AssertionError) as exc:
+        raise LaunchError(f"cannot read the compute capability of CUDA device {device}: {exc}",
+                          fix="run where the NVIDIA driver (libcuda.so.1) and an sm_90 GPU are visible to this process") from None
