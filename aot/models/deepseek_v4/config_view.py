@@ -8,34 +8,17 @@ A provider that reads a field missing here fails the build with an error naming 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.errors import BuildError
+from nojit.aot.models.runner.config_view import ConfigView, config_view
 
 
-class _View(SimpleNamespace):
-    """A namespace whose missing attributes are a clear BuildError, not an AttributeError."""
-
-    _path = "vllm_config"
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise BuildError(
-            f"a vLLM warmup-key provider read {self._path}.{name}, which nojit's deployment view does not hold",
-            fix="add the field to nojit/aot/models/deepseek_v4/config_view.py (and to the deployment file if it varies)",
-        )
+def _view(path: str, **fields: Any) -> ConfigView:
+    return config_view('nojit/aot/models/deepseek_v4/config_view.py', path, **fields)
 
 
-def _view(path: str, **fields: Any) -> _View:
-    v = _View(**fields)
-    object.__setattr__(v, "_path", path)
-    return v
-
-
-def make_vllm_config(d: Deployment) -> _View:
+def make_vllm_config(d: Deployment) -> ConfigView:
     import torch
     from transformers import DeepseekV4Config
 

@@ -7,37 +7,20 @@ naming it.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.errors import BuildError
+from nojit.aot.models.runner.config_view import ConfigView, config_view
 from nojit.aot.models.qwen3_5.config import text_config
 
 
-class _View(SimpleNamespace):
-    """A namespace whose missing attributes are a clear BuildError, not an AttributeError."""
-
-    _path = "vllm_config"
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise BuildError(
-            f"a vLLM warmup-key provider read {self._path}.{name}, which nojit's Qwen deployment view does not hold",
-            fix="add the field to nojit/aot/models/qwen3_5/config_view.py (and to the deployment file if it varies)",
-        )
+def _view(path: str, **fields: Any) -> ConfigView:
+    return config_view('nojit/aot/models/qwen3_5/config_view.py', path, **fields)
 
 
-def _view(path: str, **fields: Any) -> _View:
-    v = _View(**fields)
-    object.__setattr__(v, "_path", path)
-    return v
-
-
-def make_vllm_config(d: Deployment) -> _View:
+def make_vllm_config(d: Deployment) -> ConfigView:
     tc = text_config(d.hf_config)
     hf = _view("vllm_config.model_config.hf_config", **{k: v for k, v in d.hf_config.items() if k != "text_config"})
     text = _view("vllm_config.model_config.hf_text_config", **tc)
