@@ -16,7 +16,9 @@ which is what makes a generic entry bit-identical to the JIT on such a call.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +76,24 @@ class OfflineDriver:
 
 
 def install_offline_driver() -> None:
+    """For a build worker process: the offline driver stays until the process ends."""
     from triton.runtime import driver
 
     driver.set_active(OfflineDriver())
+
+
+@contextlib.contextmanager
+def offline_driver() -> Iterator[None]:
+    """The offline driver for one in-process planning step; Triton's previous driver is put back after it, so a
+    process that plans and then serves (tests, `nojit tune`) never meets the build's driver at serving time."""
+    from triton.runtime import driver
+
+    previous = driver._active
+    driver.set_active(OfflineDriver())
+    try:
+        yield
+    finally:
+        driver._active = previous
 
 
 def ptx_param_bytes(ptx: str, symbol: str) -> list[int]:

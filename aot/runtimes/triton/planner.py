@@ -16,7 +16,7 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
 from nojit.aot.runtimes.triton import compiler as compiler_module
-from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver, ptxas_version
+from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver, offline_driver, ptxas_version
 from nojit.aot.target import TARGET
 from nojit.aot.runtimes.triton.autotune import merge_tuning
 from nojit.aot.runtimes.triton.enumeration import (
@@ -42,18 +42,14 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
     tables: TritonTables | None = model.tables.get(NAME)
     if tables is None:
         return
-    install_offline_driver()
-    vllm_config = tables.vllm_config(d)
-
-    def add(requests: list[TritonRequest], owner: str | None, site: str) -> None:
-        add_requests(p, requests, owner, site)
-
-    for row in tables.owners:
-        if selection.in_groups(row.groups) and selection.wants(row.kernel):
-            add(enumerate_owner(row, d, vllm_config), row.owner, row.site)
-    for derived in tables.derived:
-        if selection.in_groups(derived.groups) and selection.wants(derived.kernel):
-            add(enumerate_derived(derived, d), None, derived.site)
+    with offline_driver():
+        vllm_config = tables.vllm_config(d)
+        for row in tables.owners:
+            if selection.in_groups(row.groups) and selection.wants(row.kernel):
+                add_requests(p, enumerate_owner(row, d, vllm_config), row.owner, row.site)
+        for derived in tables.derived:
+            if selection.in_groups(derived.groups) and selection.wants(derived.kernel):
+                add_requests(p, enumerate_derived(derived, d), None, derived.site)
 
 
 def add_requests(p: Plan, requests: list[TritonRequest], owner: str | None, site: str) -> None:

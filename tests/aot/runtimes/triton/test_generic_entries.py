@@ -32,11 +32,11 @@ def test_layout_spec_keeps_divisibility_marks_and_drops_values():
 
 
 def _compile(key, divisibility_assumed):
-    from nojit.aot.runtimes.triton.compiler import compile_key, install_offline_driver
+    from nojit.aot.runtimes.triton.compiler import compile_key, offline_driver
     from tests.support.triton_test_kernels import row_logsumexp
 
-    install_offline_driver()
-    return compile_key(row_logsumexp, key, divisibility_assumed=divisibility_assumed)
+    with offline_driver():
+        return compile_key(row_logsumexp, key, divisibility_assumed=divisibility_assumed)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
@@ -91,15 +91,15 @@ def _vector_loads(cubin: bytes) -> int:
 
 def test_kernels_with_asynchronous_copies_get_the_plain_generic_compile():
     """Async copies into shared memory fix their width before lowering: hints cannot be kept safely."""
-    from nojit.aot.runtimes.triton.compiler import _WIDTH_FIXED_OPS, compile_key, install_offline_driver
+    from nojit.aot.runtimes.triton.compiler import _WIDTH_FIXED_OPS, compile_key, offline_driver
     from tests.support.triton_test_kernels import tile_matmul
 
-    install_offline_driver()
     runtime = (True, True, True, True, False)
     spec = (("*fp32", "D"), ("*bf16", "D"), ("*bf16", "D"), ("i32", "D"), ("constexpr", ("int", 64)))
-    exact = compile_key(tile_matmul, (spec, ()), True)
-    hinted = compile_key(tile_matmul, (layout_spec(spec, runtime), ()), False)
-    plain = compile_key(tile_matmul, (generic_spec(spec, runtime), ()), False)
+    with offline_driver():
+        exact = compile_key(tile_matmul, (spec, ()), True)
+        hinted = compile_key(tile_matmul, (layout_spec(spec, runtime), ()), False)
+        plain = compile_key(tile_matmul, (generic_spec(spec, runtime), ()), False)
     assert _WIDTH_FIXED_OPS.search(exact.ttgir)
     assert not _WIDTH_FIXED_OPS.search(hinted.ttgir)
     assert _normalized(hinted.ttgir) == _normalized(plain.ttgir) and hinted.cubin == plain.cubin
