@@ -167,22 +167,26 @@ def check_libraries(index: Any, gpu: GpuFacts) -> list[Finding]:
             out.append(Finding("CUDA libraries", FAIL, f"the CUDA {runtime_version} runtime needs a CUDA {major}.x "
                                f"driver; this driver supports CUDA {driver_floor.cuda_text(gpu.driver)}",
                                f"upgrade the NVIDIA driver to >= {driver_floor.MINOR_COMPAT_DRIVER.get(major, '?')}"))
-    humming = {k.info.get("nvrtc") for k in index.kernels.values() if k.runtime == "humming"} if index else set()
-    for built in sorted(str(b) for b in humming if b):
-        if nvrtc and built.partition("+")[2] != _major_minor(nvrtc):
-            out.append(Finding("CUDA libraries", FAIL, f"Humming's kernels were built with {built}; this machine "
-                               f"has NVRTC {nvrtc} (install refuses Humming's cache key otherwise)",
-                               f"install nvidia-cuda-nvrtc {built.partition('+')[2]}.*, or rebuild the bundle here"))
+    for rt, prov in _provenances(index) if index else ():
+        if prov.library is None:
+            continue
+        info_field, dist, name = prov.library
+        have = _installed(dist) or _installed(f"{dist}-cu12")
+        for built in sorted({str(k.info[info_field]) for k in index.kernels.values()
+                             if k.runtime == rt and k.info.get(info_field)}):
+            if have and built.partition("+")[2] != _major_minor(have):
+                out.append(Finding("CUDA libraries", FAIL, f"{rt}'s kernels were built with {built}; this machine "
+                                   f"has {name} {have} (install refuses {rt}'s cache key otherwise)",
+                                   f"install {dist} {built.partition('+')[2]}.*, or rebuild the bundle here"))
     return out
 
 
-# runtime -> (kernel-record info field, distribution it names) the serving process must have at that version
-_RECORDED_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
-    "flashinfer": (("flashinfer_version", "flashinfer-python"),),
-    "cutedsl": (("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"), ("apache-tvm-ffi", "apache-tvm-ffi"),
-                ("quack-kernels", "quack-kernels")),
-    "humming": (("humming_version", "humming-kernels"),),
-}
+def _provenances(index: Any) -> list[tuple[str, Any]]:
+    """(runtime, its provenance) for each runtime the bundle holds that this nojit knows."""
+    from nojit.loader.bundle.manifest import RUNTIMES
+
+    return [(rt, RUNTIMES[rt].provenance) for rt in sorted({k.runtime for k in index.kernels.values()})
+            if rt in RUNTIMES]
 
 
 def check_versions(index: Any) -> list[Finding]:
@@ -192,23 +196,22 @@ def check_versions(index: Any) -> list[Finding]:
     here = RuntimeVersions.of_this_process()
     diffs = version_differences(index, here)
     p = index.producer
-    runtimes = {k.runtime for k in index.kernels.values()}
+    optional = {prov.producer_version for _rt, prov in _provenances(index) if prov.optional_install}
     for fact, built, have in (("vllm", p.vllm, here.vllm), ("triton", p.triton, here.triton),
                               ("tilelang", p.tilelang, here.tilelang)):
         if fact in diffs:
             out.append(Finding("versions", FAIL, diffs[fact], f"install {fact}=={built} (the bundle's), or rebuild "
                                f"the bundle here with `nojit build`" if built else "rebuild the bundle here"))
         elif built or have:
-            note = " (need not be installed to serve)" if fact == "tilelang" and have is None else ""
+            note = " (need not be installed to serve)" if fact in optional and have is None else ""
             out.append(Finding("versions", OK, f"{fact}: bundle {built or '-'}, here {have or 'not installed'}{note}"))
-    if "deepgemm" in runtimes:
-        out.append(Finding("versions", OK if "vllm" not in diffs else FAIL,
-                           f"DeepGEMM: vendored in vLLM {p.vllm} (its headers are checked at install)",
-                           "" if "vllm" not in diffs else f"install vllm=={p.vllm}"))
-    for rt, fields in _RECORDED_PACKAGES.items():
-        if rt not in runtimes:
-            continue
-        for info_field, dist in fields:
+    for rt, prov in _provenances(index):
+        if prov.vendored_in:
+            ok = prov.vendored_in not in diffs
+            version = getattr(p, prov.vendored_in, None)
+            out.append(Finding("versions", OK if ok else FAIL, f"{rt}: vendored in {prov.vendored_in} {version} "
+                               "(its sources are checked at install)", "" if ok else f"install {prov.vendored_in}=={version}"))
+        for info_field, dist in prov.packages:
             built = {str(k.info.get(info_field)) for k in index.kernels.values()
                      if k.runtime == rt and k.info.get(info_field)}
             have = _installed(dist)

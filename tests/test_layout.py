@@ -289,7 +289,8 @@ def test_the_loader_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_
     assert "runtimes.tilelang.serving -> runtimes.triton (one room imports another)" in arrows_against_layers(
         "loader", LOADER_LAYERS, import_graph("loader", sibling))
     cyclic = _scratch_copy(tmp_path / "cycle", {"bundle/manifest.py": "\nfrom nojit.loader.bundle.file import Bundle\n"})
-    assert cycle_in(import_graph("loader", cyclic)) == ["bundle.file", "bundle.manifest", "bundle.file"]
+    found = cycle_in(import_graph("loader", cyclic))  # where the walk enters the cycle depends on the graph
+    assert found is not None and found[0] == found[-1] and {"bundle.file", "bundle.manifest"} <= set(found)
 
 
 def test_the_aot_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_path):
@@ -325,7 +326,7 @@ def _runtime_dispatch(tree: ast.AST, own: str | None = None) -> list[int]:
 
 # Runtime-name comparisons merged from other work before this rule existed, to move into each runtime's launch
 # record (the arch names it records, its driver floor, the tool versions it checks); the list may only shrink.
-_DISPATCH_TO_MOVE = {"bundle.arch_fit": 2, "bundle.driver_floor": 2, "bundle.versions": 2, "doctor": 3}
+_DISPATCH_TO_MOVE: dict[str, int] = {}
 
 
 def test_no_runtime_dispatch_outside_the_registries():

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from nojit.loader.bundle.manifest import RUNTIMES
+
 _ARCH = re.compile(r"\bsm_?(\d{2,3})([af]?)\b")
 
 
@@ -23,15 +25,12 @@ def arch_number(name: str) -> tuple[int, str] | None:
 
 
 def recorded_archs(index: Any) -> dict[str, set[str]]:
-    """runtime -> the arch names its kernel records give (normalised "sm_90a")."""
+    """runtime -> the arch names its kernel records give (normalised "sm_90a"; which fields hold them is each
+    runtime's provenance)."""
     found: dict[str, set[str]] = {}
     for k in index.kernels.values():
-        names = []
-        if k.runtime == "flashinfer" and isinstance(k.info.get("cuda_arch"), str):
-            names.append(k.info["cuda_arch"])
-        if k.runtime == "tilelang":
-            names += [str(f) for f in k.info.get("nvcc_flags") or () if "sm_" in str(f)]
-        for name in names:
+        record = RUNTIMES.get(k.runtime)
+        for name in record.provenance.archs(k.info) if record else ():
             parsed = arch_number(name)
             if parsed:
                 found.setdefault(k.runtime, set()).add(f"sm_{parsed[0]}{parsed[1]}")

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nojit.loader.errors import BundleMismatchError
+from nojit.loader.bundle.manifest import RUNTIMES
+from nojit.loader.bundle.provenance import Provenance
 
 # CUDA major -> the minimum Linux driver of minor version compatibility (the compatibility guide's table;
 # the exact releases are the ones the release notes give for x.0 GA, 11.x: the note's 450.80.02)
@@ -92,33 +94,16 @@ def floor_of(runtime: str, tool: str, recorded: str | None) -> RuntimeFloor:
                         TOOLKIT_DRIVER.get(toolkit, ""))
 
 
-# runtime -> (what compiled its artifacts, the kernel-record info field holding its version)
-_RECORDED_IN_KERNELS: dict[str, tuple[str, str]] = {
-    "tilelang": ("TileLang's nvcc", "nvcc_version"),
-    "deepgemm": ("DeepGEMM's nvcc", "nvcc_version"),
-    "flashinfer": ("FlashInfer's nvcc", "nvcc"),
-    "humming": ("Humming's NVRTC", "nvrtc"),
-}
-
-
 def bundle_floors(index: Any) -> list[RuntimeFloor]:
-    """Per runtime the bundle holds, its driver floor (a Manifest or an Index; newest toolkit of its records)."""
-    runtimes = sorted({k.runtime for k in index.kernels.values()})
+    """Per runtime the bundle holds, its driver floor (a Manifest or an Index; the newest toolkit its compiler's
+    recorded versions name; which records hold them is the runtime's provenance)."""
     floors = []
-    for rt in runtimes:
-        if rt == "triton":
-            floors.append(floor_of(rt, "Triton's ptxas", index.producer.ptxas))
-            continue
-        if rt not in _RECORDED_IN_KERNELS:  # CuTeDSL: its CUDA is not in the bundle's records
-            floors.append(floor_of(rt, {"cutedsl": "CuTeDSL's compiler"}.get(rt, rt), None))
-            continue
-        tool, field_name = _RECORDED_IN_KERNELS[rt]
-        seen = [str(k.info.get(field_name)) for k in index.kernels.values()
-                if k.runtime == rt and k.info.get(field_name)]
-        if rt == "deepgemm" and not seen and index.producer.nvcc:
-            seen = [index.producer.nvcc]
+    for rt in sorted({k.runtime for k in index.kernels.values()}):
+        record = RUNTIMES.get(rt)
+        provenance = record.provenance if record else Provenance(rt)
+        seen = provenance.compiler_versions([k.info for k in index.kernels.values() if k.runtime == rt], index.producer)
         newest = max(seen, key=lambda s: parse_toolkit(s) or (0, 0), default=None)
-        floors.append(floor_of(rt, tool, newest))
+        floors.append(floor_of(rt, provenance.compiler, newest))
     return floors
 
 

@@ -26,6 +26,7 @@ from nojit.loader.bundle.autotune import AutotuneRecord
 from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
 from nojit.loader.bundle.records.humming import HummingLaunch
 from nojit.loader.bundle.canonical import canonical_json
+from nojit.loader.bundle.provenance import Provenance
 from nojit.loader.errors import BundleCorruptError
 
 FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
@@ -813,17 +814,28 @@ class LaunchRecord:
     parse: Callable[[_Fields], Any]  # the entry's "launch" object -> the runtime's launch record
     check_key: Callable[[_Fields, Any, Any, KernelRecord], Any]  # raises on a bad key; the decoded key or None
     check_entries: Callable[[KernelRecord, list[Entry], str], None] | None = None  # across one kernel's entries
+    provenance: Provenance = Provenance("its compiler")  # what built the entries, what serving them needs
 
 
 # The runtimes a manifest may name, in the order the startup line lists them (one line per runtime). A
 # runtime outside the package (a test's) is added for a scope with `registered`.
 RUNTIMES: dict[str, LaunchRecord] = {
-    "triton": LaunchRecord(TritonLaunch.from_json, _check_triton_key),
-    "tilelang": LaunchRecord(TileLangLaunch.from_json, _check_tilelang_key, _check_tilelang_entries),
-    "cutedsl": LaunchRecord(CuteLaunch.from_json, _check_cute_key),
-    "deepgemm": LaunchRecord(DeepGemmLaunch.from_json, _check_deepgemm_key),
-    "flashinfer": LaunchRecord(FlashInferLaunch.from_json, _check_flashinfer_key),
-    "humming": LaunchRecord(HummingLaunch.from_json, _check_humming_key),
+    "triton": LaunchRecord(TritonLaunch.from_json, _check_triton_key, provenance=Provenance(
+        "Triton's ptxas", producer_compiler="ptxas", producer_version="triton")),
+    "tilelang": LaunchRecord(TileLangLaunch.from_json, _check_tilelang_key, _check_tilelang_entries, Provenance(
+        "TileLang's nvcc", "nvcc_version", arch_fields=("nvcc_flags",), producer_version="tilelang",
+        optional_install=True)),
+    "cutedsl": LaunchRecord(CuteLaunch.from_json, _check_cute_key, provenance=Provenance(
+        "CuTeDSL's compiler", packages=(("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"),
+                                        ("apache-tvm-ffi", "apache-tvm-ffi"), ("quack-kernels", "quack-kernels")))),
+    "deepgemm": LaunchRecord(DeepGemmLaunch.from_json, _check_deepgemm_key, provenance=Provenance(
+        "DeepGEMM's nvcc", "nvcc_version", producer_compiler="nvcc", vendored_in="vllm")),
+    "flashinfer": LaunchRecord(FlashInferLaunch.from_json, _check_flashinfer_key, provenance=Provenance(
+        "FlashInfer's nvcc", "nvcc", arch_fields=("cuda_arch",),
+        packages=(("flashinfer_version", "flashinfer-python"),))),
+    "humming": LaunchRecord(HummingLaunch.from_json, _check_humming_key, provenance=Provenance(
+        "Humming's NVRTC", "nvrtc", packages=(("humming_version", "humming-kernels"),),
+        library=("nvrtc", "nvidia-cuda-nvrtc", "NVRTC"))),
 }
 
 

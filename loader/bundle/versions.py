@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from nojit.loader.errors import BundleMismatchError
-from nojit.loader.bundle.manifest import Index, Manifest
+from nojit.loader.bundle.manifest import RUNTIMES, Index, Manifest
 from nojit.loader.packages import dist_info_dir
 
 from nojit.loader.settings import MISMATCH_FACTS, TOOL_FACTS  # noqa: F401  (the words NOJIT_ALLOW_MISMATCH accepts)
@@ -61,17 +61,27 @@ def _runtimes(manifest: Manifest | Index) -> set[str]:
     return {k.runtime for k in manifest.kernels.values()}
 
 
+def _compared(manifest: Manifest | Index, runtime: RuntimeVersions) -> list[str]:
+    """The producer facts of the bundle's runtimes this process must match (each runtime's provenance says which;
+    a package that need not be installed to serve is compared only where it is installed)."""
+    facts = []
+    for rt in sorted(_runtimes(manifest)):
+        p = RUNTIMES[rt].provenance if rt in RUNTIMES else None
+        if p and p.producer_version and not (p.optional_install and getattr(runtime, p.producer_version) is None):
+            facts.append(p.producer_version)
+    return facts
+
+
 def version_differences(manifest: Manifest | Index, runtime: RuntimeVersions) -> dict[str, str]:
     """fact -> human description, for every producer fact that differs from this process."""
     diffs: dict[str, str] = {}
     p = manifest.producer
     if p.vllm != runtime.vllm:
         diffs["vllm"] = f"vllm: bundle built from {p.vllm}, this process has {runtime.vllm or 'no vllm installed'}"
-    if "triton" in _runtimes(manifest) and p.triton != runtime.triton:
-        diffs["triton"] = f"triton: bundle built with {p.triton}, this process has {runtime.triton or 'no triton installed'}"
-    # TileLang need not be installed where the bundle is served; if it is, it must match.
-    if "tilelang" in _runtimes(manifest) and runtime.tilelang is not None and p.tilelang != runtime.tilelang:
-        diffs["tilelang"] = f"tilelang: bundle built with {p.tilelang}, this process has {runtime.tilelang}"
+    for fact in _compared(manifest, runtime):
+        built, have = getattr(p, fact), getattr(runtime, fact)
+        if built != have:
+            diffs[fact] = f"{fact}: bundle built with {built}, this process has {have or f'no {fact} installed'}"
     return diffs
 
 
