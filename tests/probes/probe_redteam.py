@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -56,27 +55,76 @@ def execveat(fd: int, path: str, args: list[str], flags: int) -> None:
     libc.syscall(ctypes.c_long(SYS_EXECVEAT), ctypes.c_int(fd), path.encode(), cargv(*args), env, ctypes.c_int(flags))
 
 
+def read_or_none(path: str) -> bytes | None:
+    """A compiler's bytes, or None where this process may not read them (strict mode: unreadable.py)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except PermissionError:
+        return None
+
+
 def memfd_copy(path: str) -> int:
+    data = read_or_none(path)
+    if data is None:
+        return -1
     fd = libc.memfd_create(b"notacompiler", 0)
-    with open(path, "rb") as f:
-        os.write(fd, f.read())
+    os.write(fd, data)
     return fd
 
 
-def memfd_execveat() -> None:
-    fd = memfd_copy(cc1)
-    in_child(lambda: execveat(fd, "", cc1_args("memfd_execveat"), AT_EMPTY_PATH))
-    os.close(fd)
+def memfd_execveat(source: str = cc1, name: str = "memfd_execveat") -> None:
+    fd = memfd_copy(source)
+    if fd >= 0:
+        in_child(lambda: execveat(fd, "", cc1_args(name), AT_EMPTY_PATH))
+        os.close(fd)
 
 
 def memfd_proc_path() -> None:
     fd = memfd_copy(cc1)
-    in_child(lambda: libc.execv(f"/proc/self/fd/{fd}".encode(), cargv(*cc1_args("memfd_proc_path"))))
-    os.close(fd)
+    if fd >= 0:
+        in_child(lambda: libc.execv(f"/proc/self/fd/{fd}".encode(), cargv(*cc1_args("memfd_proc_path"))))
+        os.close(fd)
+
+
+def ld_so() -> str | None:
+    import glob
+
+    found = glob.glob("/lib64/ld-linux-*.so.*") + glob.glob("/lib/ld-linux-*.so.*")
+    return found[0] if found else None
+
+
+def ld_so_cc1() -> None:
+    """The dynamic loader (an allowed program) maps cc1 as its program: Landlock checks the exec of ld.so only."""
+    if ld_so():
+        libc.system(f"{ld_so()} {cc1} -quiet {src} -o {out('ld_so_cc1')} 2>/dev/null".encode())
+
+
+def stashed() -> str | None:
+    """cc1's bytes copied by a process outside the strict tree (this user's other login, a download) to a file
+    nojit never searched: bytes from elsewhere than the installed compilers."""
+    target = os.path.join(work, f"stash-{os.getpid()}")
+    outside("copy", cc1, target, as_other=False)
+    return target if os.path.exists(target) else None
+
+
+def stash_ld_so() -> None:
+    target = stashed()
+    if target and ld_so():
+        libc.system(f"{ld_so()} {target} -quiet {src} -o {out('stash_ld_so')} 2>/dev/null".encode())
+
+
+def stash_memfd() -> None:
+    target = stashed()
+    if target:
+        memfd_execveat(target, "stash_memfd")
 
 
 def fd_of_cc1_execveat() -> None:
-    fd = os.open(cc1, os.O_RDONLY)
+    try:
+        fd = os.open(cc1, os.O_RDONLY)
+    except PermissionError:  # strict mode: compilers are unreadable too; a path descriptor needs no read right
+        fd = os.open(cc1, os.O_PATH)
     in_child(lambda: execveat(fd, "", cc1_args("fd_of_cc1_execveat"), AT_EMPTY_PATH))
     os.close(fd)
 
@@ -93,7 +141,9 @@ def writable_tree() -> str | None:
     from nojit.loader.strict import landlock
 
     r = landlock.report()
-    for folder in (r.plan.folders if r and r.plan else []):
+    if r is None or r.plan is None:  # no allow-list (permissive): the environment itself, for the control
+        return sys.prefix if os.access(sys.prefix, os.W_OK) else None
+    for folder in r.plan.folders:
         if (folder + os.sep).startswith(sys.prefix + os.sep) and os.access(folder, os.W_OK):
             return folder
     return None
@@ -104,7 +154,12 @@ def copy_after_install() -> None:
     if folder is None:
         return
     target = os.path.join(folder, f"nojit-redteam-{os.getpid()}")
-    shutil.copy(cc1, target)
+    data = read_or_none(cc1)
+    if data is None:
+        return
+    with open(target, "wb") as f:
+        f.write(data)
+    os.chmod(target, 0o755)
     try:
         libc.system(f"{target} -quiet {src} -o {out('copy_after_install')} 2>/dev/null".encode())
     finally:
@@ -129,9 +184,12 @@ def hardlink_after_install() -> None:
 def overwrite_allowed_file() -> None:
     """allowed/tool was /bin/true when the rule was made; the rule is on its inode, whatever it holds later."""
     tool = os.path.join(work, "allowed", "tool")
-    with open(cc1, "rb") as f, open(tool, "r+b") as t:
+    data = read_or_none(cc1)
+    if data is None:
+        return
+    with open(tool, "r+b") as t:
         t.truncate(0)
-        t.write(f.read())
+        t.write(data)
     libc.system(f"{tool} -quiet {src} -o {out('overwrite_allowed_file')} 2>/dev/null".encode())
 
 
@@ -149,21 +207,49 @@ def spawnp_reset_path() -> None:
         os.waitpid(pid.value, 0)
 
 
-def as_other_user(fn) -> None:
-    """fn() in a child that became the second user (REDTEAM_UID, made by the test): what that user does later."""
-    uid = int(os.environ.get("REDTEAM_UID", "-1"))
-    if uid < 0:
+def _outside_helper() -> tuple[int, int]:
+    """A process forked before install, so outside the strict tree (as another user's login is, or this user's
+    other shell): it copies or rewrites files when asked, after install, as the second user (REDTEAM_UID, made by
+    the test) or as this user. (write fd for requests, read fd for answers)"""
+    req_r, req_w = os.pipe()
+    ans_r, ans_w = os.pipe()
+    if os.fork() == 0:
+        os.close(req_w)
+        os.close(ans_r)
+        with os.fdopen(req_r) as requests:
+            for line in requests:
+                op, source, target, other = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        uid = int(os.environ.get("REDTEAM_UID", "-1"))
+                        if other and uid >= 0:
+                            os.setgroups([])
+                            os.setgid(int(os.environ.get("REDTEAM_GID", uid)))
+                            os.setuid(uid)
+                        with open(source, "rb") as f:
+                            data = f.read()
+                        with open(target, "r+b" if op == "rewrite" else "wb") as t:
+                            t.truncate(0)
+                            t.write(data)
+                        if op == "copy":
+                            os.chmod(target, 0o755)
+                    finally:
+                        os._exit(0)
+                os.waitpid(pid, 0)
+                os.write(ans_w, b"k")
+        os._exit(0)
+    os.close(req_r)
+    os.close(ans_w)
+    return req_w, ans_r
+
+
+def outside(op: str, source: str, target: str, as_other: bool = True) -> None:
+    """`op` ("copy" or "rewrite") done by the helper outside the strict tree, waited for."""
+    if as_other and int(os.environ.get("REDTEAM_UID", "-1")) < 0:
         return
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.setgroups([])
-            os.setgid(int(os.environ.get("REDTEAM_GID", uid)))
-            os.setuid(uid)
-            fn()
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
+    os.write(_helper[0], (json.dumps([op, source, target, as_other]) + "\n").encode())
+    os.read(_helper[1], 1)
 
 
 def others_file_in_allowed() -> None:
@@ -171,13 +257,7 @@ def others_file_in_allowed() -> None:
     tool = os.path.join(work, "allowed", "theirs")
     if not os.path.exists(tool):
         return
-
-    def rewrite() -> None:
-        with open(cc1, "rb") as f, open(tool, "r+b") as t:
-            t.truncate(0)
-            t.write(f.read())
-
-    as_other_user(rewrite)
+    outside("rewrite", cc1, tool)
     libc.system(f"{tool} -quiet {src} -o {out('others_file_in_allowed')} 2>/dev/null".encode())
 
 
@@ -186,7 +266,7 @@ def others_folder_in_tree() -> None:
     folder = os.path.join(sys.prefix, "theirs")
     if not os.path.isdir(folder):
         return
-    as_other_user(lambda: shutil.copy(cc1, os.path.join(folder, "tool")))
+    outside("copy", cc1, os.path.join(folder, "tool"))
     libc.system(f"{folder}/tool -quiet {src} -o {out('others_folder_in_tree')} 2>/dev/null".encode())
 
 
@@ -240,9 +320,7 @@ def gcc_abs() -> None:
 
 def ld_so_gcc_driver() -> None:
     """The dynamic loader maps the driver; the driver then execs cc1 (refused) -- only the driver runs."""
-    import glob
-
-    loader = (glob.glob("/lib64/ld-linux-*.so.*") + glob.glob("/lib/ld-linux-*.so.*"))[:1]
+    loader = [ld_so()] if ld_so() else []
     if loader:
         libc.system(f"{loader[0]} /usr/bin/gcc -dumpversion > {out('ld_so_gcc_driver')}.txt 2>/dev/null; "
                     f"[ -s {out('ld_so_gcc_driver')}.txt ] && mv {out('ld_so_gcc_driver')}.txt "
@@ -259,6 +337,7 @@ def _early() -> None:
     libc.system(f"/usr/bin/gcc -S {src} -o {out('thread_before_install')} 2>/dev/null".encode())
 
 
+_helper = _outside_helper()  # before the thread below and before install
 _early_thread = threading.Thread(target=_early, name="redteam-early", daemon=True)
 _early_thread.start()  # before install: README says such a thread is outside the allow-list without TSYNC
 
@@ -272,7 +351,7 @@ inst = install(bundle, kernels=set(), allow_mismatch=frozenset(MISMATCH_FACTS))
 forms = {name: fn for name, fn in list(globals().items())
          if name in ("memfd_execveat", "memfd_proc_path", "fd_of_cc1_execveat", "opath_of_cc1_proc",
                      "copy_after_install", "hardlink_after_install", "overwrite_allowed_file", "shebang_gcc",
-                     "spawnp_reset_path", "ld_so_gcc_driver", "gcc_abs",
+                     "spawnp_reset_path", "ld_so_gcc_driver", "ld_so_cc1", "stash_ld_so", "stash_memfd", "gcc_abs",
                      "others_file_in_allowed", "others_folder_in_tree", "child_nvrtc", "child_nvjitlink",
                      "thread_before_install")}
 only = os.environ.get("REDTEAM_FORMS")
@@ -289,4 +368,5 @@ r = landlock.report()
 print("RESULT " + json.dumps({"compiled": {n: os.path.exists(out(n)) for n in forms}, "errors": errors,
                               "mode": inst.mode.value, "tree": writable_tree(),
                               "landlock": None if r is None else r.state, "tsync": r is not None and r.tsync,
-                              "summary": None if r is None else r.summary()}), flush=True)
+                              "summary": None if r is None else r.summary(),
+                              "compilers_unreadable": [] if r is None else r.compilers_unreadable}), flush=True)

@@ -81,7 +81,7 @@ def test_nothing_is_patched_where_landlock_applies(state):
 def test_the_check_names_copies_links_and_words(work, tmp_path):
     """The C check itself (no patch): a copy by content, a link by its target, a path in a shell command."""
     code = ("import sys; from nojit.loader.strict import exec_guard, compilers; from nojit.loader import _inproc as n; "
-            "c = compilers.find(None); "
+            "c = compilers.find(); "
             "n.exec_guard_set(sorted({(d, i) for d, i, _, _ in c.files.values()}), "
             "sorted({(s, p) for p, (_, _, s, _) in c.files.items()}), -1); "
             "w = sys.argv[1]; "

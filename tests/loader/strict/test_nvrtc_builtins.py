@@ -1,12 +1,13 @@
-"""loader/strict/nvrtc_builtins.py's read rules: "everything but the builtins" as Landlock can say it, one rule per
-entry of each folder above a copy other than the path down to it; a copy below a folder where a serving process
-creates things is left readable and said so. The Landlock side (a child that cannot compile) is in test_redteam.py."""
+"""loader/strict/nvrtc_builtins.py's search and loader/strict/unreadable.py's read rules: "everything but the builtins"
+as Landlock can say it, one rule per entry of each folder above a copy other than the path down to it; a copy below a
+folder where a serving process creates things is left readable and said so. The Landlock side (a child that cannot
+compile) is in test_redteam.py."""
 
 from __future__ import annotations
 
 import os
 
-from nojit.loader.strict import nvrtc_builtins
+from nojit.loader.strict import nvrtc_builtins, unreadable
 
 
 def _tree(tmp_path):
@@ -22,8 +23,8 @@ def _tree(tmp_path):
 
 def test_every_entry_above_the_copy_but_the_path_to_it_gets_a_read_rule(tmp_path, monkeypatch):
     copy = _tree(tmp_path)
-    monkeypatch.setattr(nvrtc_builtins, "_busy_folders", lambda: set())
-    rules, denied, kept = nvrtc_builtins.read_rules([str(copy)])
+    monkeypatch.setattr(unreadable, "busy_folders", lambda: set())
+    rules, denied, kept = unreadable.read_rules([str(copy)])
     assert denied == [str(copy)] and kept == []
     lib = copy.parent
     assert {str(lib / "libnvrtc.so.13"), str(lib / "libcublas.so.13"), str(tmp_path / "env" / "six.py"),
@@ -36,8 +37,8 @@ def test_every_entry_above_the_copy_but_the_path_to_it_gets_a_read_rule(tmp_path
 
 def test_a_copy_below_a_folder_where_files_are_created_is_left_readable(tmp_path, monkeypatch):
     copy = _tree(tmp_path)
-    monkeypatch.setattr(nvrtc_builtins, "_busy_folders", lambda: {str(tmp_path / "env")})
-    rules, denied, kept = nvrtc_builtins.read_rules([str(copy)])
+    monkeypatch.setattr(unreadable, "busy_folders", lambda: {str(tmp_path / "env")})
+    rules, denied, kept = unreadable.read_rules([str(copy)])
     assert rules == [] and denied == [] and kept and str(tmp_path / "env") in kept[0]
 
 

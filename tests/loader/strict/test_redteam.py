@@ -136,9 +136,18 @@ def test_refused_fd_paths_shebang_and_a_reset_path(work, strict):
     assert {f: control["compiled"][f] for f in REFUSED} == {f: True for f in REFUSED}, control
 
 
-def test_outside_the_dynamic_loader_runs_the_gcc_driver(strict):
-    """README, outside the guarantee: ld.so maps the program; the driver answers, though its cc1 exec is refused."""
-    assert strict["compiled"]["ld_so_gcc_driver"] is True
+def test_the_dynamic_loader_cannot_run_a_compiler(work, strict):
+    """Fixed: `ld-linux-x86-64.so.2 <compiler>` is an exec of ld.so (allowed: every dynamic program needs it as its
+    interpreter, and Landlock checks the interpreter's exec the same way), which then maps the compiler as a library,
+    unchecked; the gcc driver answered and cc1 compiled. Now no process of the tree can read a compiler
+    (loader/strict/unreadable.py), and ld.so must read it to map it. Control: both run in permissive mode."""
+    forms = ("ld_so_gcc_driver", "ld_so_cc1")
+    assert {f: strict["compiled"][f] for f in forms} == {f: False for f in forms}, strict
+    assert f"{len(strict['compilers_unreadable'])} compilers unreadable" in strict["summary"], strict["summary"]
+    assert _cc1(work) in strict["compilers_unreadable"] and os.path.realpath("/usr/bin/gcc") in \
+        strict["compilers_unreadable"]
+    control = run_probe(work, "permissive", forms=",".join(forms))
+    assert control["compiled"] == {f: True for f in forms}, control
 
 
 def test_outside_a_thread_that_existed_before_install_runs_gcc_without_tsync(strict):
@@ -149,26 +158,35 @@ def test_outside_a_thread_that_existed_before_install_runs_gcc_without_tsync(str
         assert "1 earlier threads not covered" in strict["summary"], strict
 
 
-@pytest.mark.xfail(strict=True, reason="hole: Landlock does not check files on kernel-internal mounts (memfd); "
-                   "vm.memfd_noexec=2 is a pid-namespace-wide sysctl that needs CAP_SYS_ADMIN (not the serving "
-                   "process's to set), and a seccomp filter could only refuse memfd_create or execveat outright: "
-                   "legitimate users in the serving tree (the driver, NCCL) are not shown safe from that on the GPU, "
-                   "and the /proc/self/fd/N form is an execve of a path seccomp cannot read")
-def test_a_compiler_copied_into_a_memfd_is_refused(strict):
-    assert not strict["compiled"]["memfd_execveat"] and not strict["compiled"]["memfd_proc_path"], strict
-
-
-@pytest.mark.xfail(strict=True, reason="hole: the rules are on folders and inodes judged at install; a compiler this "
-                   "user writes later into a whole-tree folder (its venv) or over an allowed file runs; closing it "
-                   "needs write rights handled by the ruleset, not small")
-def test_a_compiler_written_after_install_by_this_user_is_refused(strict):
+def test_an_installed_compiler_copied_into_a_memfd_or_after_install_is_refused(work, strict):
+    """Fixed: cc1's bytes copied into a memfd (Landlock never checks such a file) ran through execveat and
+    /proc/self/fd/N; copied after install into a folder with a whole-tree rule (this user's venv), or written over a
+    file with an inode rule, they ran too. Each copy needs to read cc1 first, and no process of the tree can now
+    (unreadable.py). A hard link into the venv is refused by Landlock itself (a link to another folder, EXDEV).
+    Control: in permissive mode each form compiles (the hard link where cc1 and the venv share a file system)."""
     assert strict["tree"], strict  # the venv is a whole-tree rule this user can write
-    assert not strict["compiled"]["copy_after_install"] and not strict["compiled"]["overwrite_allowed_file"], strict
+    forms = ("memfd_execveat", "memfd_proc_path", "copy_after_install", "overwrite_allowed_file",
+             "hardlink_after_install")
+    assert {f: strict["compiled"][f] for f in forms} == {f: False for f in forms}, strict
+    control = run_probe(work, "permissive", forms=",".join(forms))
+    same_fs = os.stat(_cc1(work)).st_dev == os.stat(work).st_dev
+    assert control["compiled"] == {f: f != "hardlink_after_install" or same_fs for f in forms}, control
+
+
+@pytest.mark.xfail(strict=True, reason="hole: compiler bytes that are not an installed compiler's (copied by a process "
+                   "outside the tree, unpacked from a package archive or a pip cache, downloaded) run through the "
+                   "dynamic loader or a memfd: Landlock checks neither ld.so's mmap of its program nor a memfd, "
+                   "vm.memfd_noexec=2 is a pid-namespace-wide sysctl that needs CAP_SYS_ADMIN, and a seccomp filter "
+                   "refusing memfd_create without MFD_NOEXEC_SEAL would still leave ld.so on a readable file, while "
+                   "refusing legitimate memfd users in the serving tree not shown safe on the GPU; not small")
+def test_compiler_bytes_brought_from_outside_the_tree_never_run(strict):
+    assert not strict["compiled"]["stash_ld_so"] and not strict["compiled"]["stash_memfd"], strict
 
 
 def test_a_file_another_user_can_write_in_an_allowed_folder_never_runs(work, other_user):
     """Fixed: a tool of the second user in a folder of root's (NOJIT_EXEC_ALLOW) got an inode rule; they rewrote it
-    as cc1 after install and the server ran it. Now such a file gets no rule (also 0666 files of root's)."""
+    as cc1 after install (from their own login, outside the strict tree) and the server ran it. Now such a file gets
+    no rule (also 0666 files of root's)."""
     theirs = work / "allowed" / "theirs"
     shutil.copy("/bin/true", theirs)
     os.chown(theirs, other_user.pw_uid, other_user.pw_gid)
@@ -179,7 +197,7 @@ def test_a_file_another_user_can_write_in_an_allowed_folder_never_runs(work, oth
         shutil.copy("/bin/true", theirs)
         os.chown(theirs, 0, 0)
         os.chmod(theirs, 0o777)
-        comp = landlock.compilers_mod.find(None)
+        comp = landlock.compilers_mod.find()
         p = landlock.plan(comp, [], [str(work / "allowed")])
         assert str(theirs) not in p.files and any(u.startswith(str(theirs)) for u in p.unsafe)
         os.chmod(theirs, 0o755)
@@ -201,8 +219,9 @@ def test_positive_control_the_other_users_rewrite_runs_without_the_check(work, o
 
 
 @pytest.mark.xfail(strict=True, reason="hole: a whole-tree rule covers folders below it that another user owns "
-                   "(only the root and the folders above it are checked); walking every tree costs seconds and the "
-                   "cached plan would not see a later chown deep inside, not small")
+                   "(only the root and the folders above it are checked), and that user copies a compiler there from "
+                   "their own login, outside the strict tree (its unreadable compilers do not bind them); walking "
+                   "every tree costs seconds and the cached plan would not see a later chown deep inside, not small")
 def test_a_folder_of_another_user_below_a_whole_tree_root_never_runs(work, other_user):
     theirs = work / "venv" / "theirs"
     theirs.mkdir()
@@ -220,7 +239,7 @@ def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
     """Fixed: exec-plan.json in the runtime folder was trusted; a process of this user that appended a folder rule
     for "/" (the key and every stamp unchanged) widened the next strict process's allow-list, and gcc ran. Now a
     cached plan that names what plan() could not (a rule outside the roots, on a folder above a compiler, or for
-    a compiler) is planned again. compilers.json stays trusted (README)."""
+    a compiler) is planned again. compilers.json is no longer read (test_exec_allowlist.py)."""
     (work / "xdg-cache").mkdir(mode=0o700)
     first = run_probe(work, "strict", forms="gcc_abs", xdg="xdg-cache", allow=False)
     assert first["compiled"] == {"gcc_abs": False}
@@ -236,7 +255,7 @@ def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
 def test_positive_control_a_rewritten_plan_is_reused_without_the_check(tmp_path, monkeypatch):
     """Without the check, the rewritten plan is taken from the cache as it is, a folder rule on "/" with it (which
     lets everything run: the red team's run before the fix compiled). Also: a rule for gcc itself is refused."""
-    comp = landlock.compilers_mod.find(None)
+    comp = landlock.compilers_mod.find()
     roots = landlock.default_roots()
     landlock.cached_plan(comp, roots, [], [], str(tmp_path))
     cached = tmp_path / "exec-plan.json"
