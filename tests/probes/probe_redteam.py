@@ -135,6 +135,34 @@ def opath_of_cc1_proc() -> None:
     os.close(fd)
 
 
+def raw_syscall_execve() -> None:
+    """gcc through the execve system call itself, no libc wrapper (what the exec guard cannot see without Landlock)."""
+    SYS_EXECVE = 59
+    env = cargv(*[f"{k}={v}" for k, v in os.environ.items()])
+    args = cargv("/usr/bin/gcc", "-S", src, "-o", out("raw_syscall_execve"))
+    in_child(lambda: libc.syscall(ctypes.c_long(SYS_EXECVE), b"/usr/bin/gcc", args, env))
+
+
+def deleted_copy_proc_fd() -> None:
+    """cc1 copied to work/ by a process outside the tree, opened, deleted, then run as /proc/self/fd/N."""
+    target = os.path.join(work, f"deleted-{os.getpid()}")
+    outside("copy", cc1, target, as_other=False)
+    if not os.path.exists(target):
+        return
+    fd = os.open(target, os.O_RDONLY)
+    os.unlink(target)
+    in_child(lambda: libc.execv(f"/proc/self/fd/{fd}".encode(), cargv(*cc1_args("deleted_copy_proc_fd"))))
+    os.close(fd)
+
+
+def uring_read_cc1() -> None:
+    """cc1 opened and read through io_uring (IORING_OP_OPENAT, IORING_OP_READ: work done by the kernel's io-wq
+    workers, not by a system call of this thread), by allowed/uring_open, which the test compiled."""
+    tool = os.path.join(work, "allowed", "uring_open")
+    if os.path.exists(tool):
+        subprocess.run([tool, cc1, out("uring_read_cc1")], capture_output=True)
+
+
 def writable_tree() -> str | None:
     """A folder of this Python environment (a venv the test made, as a serving user owns its venv) that the
     allow-list lets run as a whole tree and this user can write; system folders are never written to."""
@@ -270,6 +298,14 @@ def others_folder_in_tree() -> None:
     libc.system(f"{folder}/tool -quiet {src} -o {out('others_folder_in_tree')} 2>/dev/null".encode())
 
 
+def renamed_copy_in_tree() -> None:
+    """<venv>/pre/mycc, cc1 copied under another name before install by the test (this user, before the start):
+    the venv gets one whole-tree rule, and only folders holding a compiler by name are checked file by file."""
+    tool = os.path.join(sys.prefix, "pre", "mycc")
+    if os.path.exists(tool):
+        libc.system(f"{tool} -quiet {src} -o {out('renamed_copy_in_tree')} 2>/dev/null".encode())
+
+
 def child_nvrtc() -> None:
     """A Python child that never installs nojit compiles CUDA C++ with a ctypes-loaded libnvrtc: the in-process
     guards are per process, and Landlock checks only exec (tests/probes/probe_inprocess_compilers.py, its unguarded form)."""
@@ -314,6 +350,42 @@ def child_nvjitlink() -> None:
     subprocess.run([sys.executable, "-c", _NVJITLINK_CHILD, out("child_nvjitlink")], capture_output=True)
 
 
+_UNDO = r"""
+import ctypes, glob, os, sys
+import nvidia.cu13
+from nojit.loader.strict import inprocess_guard
+lib = os.path.join(list(nvidia.cu13.__path__)[0], "lib")
+link = ctypes.CDLL(sorted(glob.glob(os.path.join(lib, "libnvJitLink.so.*")))[0])
+rtc = ctypes.CDLL(sorted(glob.glob(os.path.join(lib, "libnvrtc.so.*")))[0])
+inprocess_guard.deactivate()  # what code in the process can do: the patched entries are its own memory
+"""
+
+
+def undo_guards_nvjitlink() -> None:
+    """Code in the serving process puts the patched entries back, then links PTX with nvJitLink (run alone: it
+    leaves this process unguarded)."""
+    import importlib.util
+
+    if importlib.util.find_spec("nvidia") is None:
+        return
+    exec(compile(_UNDO + _NVJITLINK_CHILD.replace("sys.argv[1]", repr(out("undo_guards_nvjitlink"))), "undo", "exec"),
+         {})
+
+
+def undo_guards_nvrtc() -> None:
+    """The same, then NVRTC: its builtins stay unreadable (Landlock), so the compile still fails."""
+    import importlib.util
+
+    if importlib.util.find_spec("nvidia") is None:
+        return
+    ns: dict = {}
+    exec(compile(_UNDO, "undo", "exec"), ns)
+    rtc, prog = ns["rtc"], ctypes.c_void_p()
+    rtc.nvrtcCreateProgram(ctypes.byref(prog), b'extern "C" __global__ void k() {}', b"k.cu", 0, None, None)
+    if rtc.nvrtcCompileProgram(prog, 1, (ctypes.c_char_p * 1)(b"-arch=sm_90")) == 0:
+        open(out("undo_guards_nvrtc"), "w").close()
+
+
 def gcc_abs() -> None:
     libc.system(f"/usr/bin/gcc -S {src} -o {out('gcc_abs')} 2>/dev/null".encode())
 
@@ -351,11 +423,13 @@ inst = install(bundle, kernels=set(), allow_mismatch=frozenset(MISMATCH_FACTS))
 forms = {name: fn for name, fn in list(globals().items())
          if name in ("memfd_execveat", "memfd_proc_path", "fd_of_cc1_execveat", "opath_of_cc1_proc",
                      "copy_after_install", "hardlink_after_install", "overwrite_allowed_file", "shebang_gcc",
-                     "spawnp_reset_path", "ld_so_gcc_driver", "ld_so_cc1", "stash_ld_so", "stash_memfd", "gcc_abs",
-                     "others_file_in_allowed", "others_folder_in_tree", "child_nvrtc", "child_nvjitlink",
-                     "thread_before_install")}
+                     "spawnp_reset_path", "ld_so_gcc_driver", "ld_so_cc1", "raw_syscall_execve", "deleted_copy_proc_fd",
+                     "uring_read_cc1", "stash_ld_so", "stash_memfd", "gcc_abs",
+                     "others_file_in_allowed", "others_folder_in_tree", "renamed_copy_in_tree", "child_nvrtc",
+                     "undo_guards_nvjitlink", "undo_guards_nvrtc", "child_nvjitlink", "thread_before_install")}
 only = os.environ.get("REDTEAM_FORMS")
-forms = {n: f for n, f in forms.items() if not only or n in only.split(",")}
+forms = {n: f for n, f in forms.items()  # the undo forms leave the process unguarded: only when named
+         if (n in only.split(",") if only else not n.startswith("undo_"))}
 errors = {}
 for name, fn in forms.items():
     try:

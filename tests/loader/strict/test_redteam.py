@@ -33,7 +33,8 @@ HAVE_GCC = all(os.path.exists(p) for p in ("/usr/bin/gcc", "/usr/bin/as", "/usr/
 pytestmark = [pytest.mark.skipif(not HAVE_GCC, reason="gcc is needed to show the attacks work"),
               pytest.mark.skipif(landlock.abi_version() is None, reason="this kernel has no Landlock")]
 
-REFUSED = ("fd_of_cc1_execveat", "opath_of_cc1_proc", "shebang_gcc", "spawnp_reset_path", "gcc_abs")
+REFUSED = ("fd_of_cc1_execveat", "opath_of_cc1_proc", "shebang_gcc", "spawnp_reset_path", "gcc_abs",
+           "raw_syscall_execve", "deleted_copy_proc_fd")
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,8 @@ def strict(work):
 
 def test_refused_fd_paths_shebang_and_a_reset_path(work, strict):
     """execveat(AT_EMPTY_PATH) and /proc/self/fd/N of cc1's own file (O_RDONLY and O_PATH), a `#!/usr/bin/gcc`
-    script in an allowed folder, posix_spawnp("gcc") with PATH=/usr/bin:/bin, gcc by absolute path: refused."""
+    script in an allowed folder, posix_spawnp("gcc") with PATH=/usr/bin:/bin, gcc by absolute path, gcc by the raw
+    execve system call, a copy of cc1 opened, deleted and run as /proc/self/fd/N: refused."""
     assert {f: strict["compiled"][f] for f in REFUSED} == {f: False for f in REFUSED}, strict
     control = run_probe(work, "permissive")
     assert {f: control["compiled"][f] for f in REFUSED} == {f: True for f in REFUSED}, control
@@ -156,6 +158,66 @@ def test_outside_a_thread_that_existed_before_install_runs_gcc_without_tsync(str
     assert strict["compiled"]["thread_before_install"] is (not strict["tsync"]), strict
     if not strict["tsync"]:
         assert "1 earlier threads not covered" in strict["summary"], strict
+
+
+_URING_OPEN = r"""
+#include <linux/io_uring.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+static int ring; static struct io_uring_params p; static unsigned char *sq, *cq; static struct io_uring_sqe *sqes;
+static int submit(const struct io_uring_sqe *e) { /* one request, waited for; its result */
+  unsigned *tail = (unsigned *)(sq + p.sq_off.tail), mask = *(unsigned *)(sq + p.sq_off.ring_mask);
+  unsigned t = *tail, i = t & mask;
+  sqes[i] = *e; ((unsigned *)(sq + p.sq_off.array))[i] = i;
+  __atomic_store_n(tail, t + 1, __ATOMIC_RELEASE);
+  if (syscall(__NR_io_uring_enter, ring, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) < 0) return -9999;
+  unsigned *head = (unsigned *)(cq + p.cq_off.head), cmask = *(unsigned *)(cq + p.cq_off.ring_mask);
+  int res = ((struct io_uring_cqe *)(cq + p.cq_off.cqes))[*head & cmask].res;
+  __atomic_store_n(head, *head + 1, __ATOMIC_RELEASE);
+  return res;
+}
+int main(int argc, char **argv) { /* uring_open FILE OUT: OUT is made when FILE's first bytes were read (ELF) */
+  ring = syscall(__NR_io_uring_setup, 4, &p);
+  if (ring < 0 || argc < 3) { perror("io_uring_setup"); return 2; }
+  sq = mmap(0, p.sq_off.array + p.sq_entries * 4, PROT_READ | PROT_WRITE, MAP_SHARED, ring, IORING_OFF_SQ_RING);
+  cq = mmap(0, p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe), PROT_READ | PROT_WRITE, MAP_SHARED, ring,
+            IORING_OFF_CQ_RING);
+  sqes = mmap(0, p.sq_entries * sizeof(struct io_uring_sqe), PROT_READ | PROT_WRITE, MAP_SHARED, ring, IORING_OFF_SQES);
+  struct io_uring_sqe e; char b[4] = {0};
+  memset(&e, 0, sizeof e); e.opcode = IORING_OP_OPENAT; e.fd = AT_FDCWD; e.addr = (unsigned long)argv[1];
+  e.open_flags = O_RDONLY;
+  int fd = submit(&e);
+  printf("openat %d\n", fd);
+  if (fd < 0) return 1;
+  memset(&e, 0, sizeof e); e.opcode = IORING_OP_READ; e.fd = fd; e.addr = (unsigned long)b; e.len = 4;
+  if (submit(&e) == 4 && memcmp(b, "\x7f" "ELF", 4) == 0) close(open(argv[2], O_WRONLY | O_CREAT, 0644));
+  return 0;
+}
+"""
+
+
+def test_a_compiler_read_through_io_uring_is_refused(work):
+    """io_uring opens and reads in the kernel's workers, under the submitter's credentials, which carry the Landlock
+    domain: cc1 read that way is refused too. Control: the same tool reads it in permissive mode."""
+    tool = work / "allowed" / "uring_open"
+    (work / "uring_open.c").write_text(_URING_OPEN)
+    made = subprocess.run(["gcc", "-O1", "-o", str(tool), str(work / "uring_open.c")], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"the io_uring tool did not build: {made.stderr[-300:]}")
+    try:
+        probe = subprocess.run([str(tool), _cc1(work), str(work / "out_uring_self")], capture_output=True, text=True)
+        if probe.returncode == 2:
+            pytest.skip(f"io_uring is not available here: {probe.stderr.strip()[:200]}")
+        r = run_probe(work, "strict", forms="uring_read_cc1,gcc_abs")
+        assert r["compiled"] == {"uring_read_cc1": False, "gcc_abs": False}, r
+        control = run_probe(work, "permissive", forms="uring_read_cc1")
+        assert control["compiled"] == {"uring_read_cc1": True}, control
+    finally:
+        tool.unlink()
 
 
 def test_an_installed_compiler_copied_into_a_memfd_or_after_install_is_refused(work, strict):
@@ -235,6 +297,22 @@ def test_a_folder_of_another_user_below_a_whole_tree_root_never_runs(work, other
         shutil.rmtree(theirs)
 
 
+@pytest.mark.xfail(strict=True, reason="hole: a compiler copied under another name before install into a folder "
+                   "with a whole-tree rule (the venv) runs: compilers are found by name in the search folders, and "
+                   "only folders holding one are checked file by file (inode, size and content); checking every file "
+                   "of every root by size means walking /usr/lib and site-packages whole, seconds, not small")
+def test_a_renamed_compiler_placed_before_install_in_a_whole_tree_folder_never_runs(work):
+    pre = work / "venv" / "pre"
+    pre.mkdir()
+    shutil.copy(_cc1(work), pre / "mycc")
+    try:
+        r = run_probe(work, "strict", forms="renamed_copy_in_tree,gcc_abs", allow=False)
+        assert r["compiled"]["gcc_abs"] is False  # the same process refuses gcc itself
+        assert r["compiled"]["renamed_copy_in_tree"] is False, r
+    finally:
+        shutil.rmtree(pre)
+
+
 def test_a_rewritten_cached_plan_does_not_widen_the_allow_list(work):
     """Fixed: exec-plan.json in the runtime folder was trusted; a process of this user that appended a folder rule
     for "/" (the key and every stamp unchanged) widened the next strict process's allow-list, and gcc ran. Now a
@@ -299,6 +377,17 @@ def test_a_python_child_that_never_installs_nojit_cannot_use_nvjitlink(work):
     r = run_probe(work, "strict", forms="child_nvjitlink,gcc_abs", allow=False, apart=True)
     assert r["compiled"]["gcc_abs"] is False  # the same process tree refuses gcc
     assert r["compiled"]["child_nvjitlink"] is False, r
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None, reason="needs the nvidia-nvjitlink and -nvrtc wheels")
+def test_outside_code_in_the_process_can_undo_the_in_process_guards(work):
+    """README, outside the guarantee: the in-process guards stop libraries that would compile, not code that attacks
+    them; the patched entries are the process's own memory (here put back with inprocess_guard.deactivate()), and
+    nvJitLink then links PTX. NVRTC still fails: its builtins are unreadable to the whole tree (Landlock)."""
+    r = run_probe(work, "strict", forms="undo_guards_nvjitlink,undo_guards_nvrtc", allow=False, apart=True)
+    assert r["compiled"] == {"undo_guards_nvjitlink": True, "undo_guards_nvrtc": False}, r
+    control = run_probe(work, "permissive", forms="undo_guards_nvrtc", allow=False, apart=True)
+    assert control["compiled"] == {"undo_guards_nvrtc": True}, control  # the NVRTC form can compile
 
 
 def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp_path):
