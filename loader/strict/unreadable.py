@@ -22,9 +22,12 @@ from collections.abc import Iterable
 
 
 def busy_folders() -> set[str]:
-    """Folders where a serving process creates entries of its own: a file below them is left readable."""
+    """Folders where a serving process creates entries of its own: a file below them is left readable. Never "/"
+    (a service's default working folder, and a home of some system users): every file is below it, so it would
+    leave every compiler readable, while a server creating entries directly in "/" is rare (they would be unreadable
+    to the tree)."""
     busy = {os.getcwd(), os.path.expanduser("~"), tempfile.gettempdir()}
-    return {os.path.realpath(b) for b in busy if b}
+    return {os.path.realpath(b) for b in busy if b} - {os.sep}
 
 
 def _above(path: str) -> list[str]:

@@ -46,3 +46,19 @@ def test_copies_are_found_in_ld_library_path(tmp_path, monkeypatch):
     copy = _tree(tmp_path)
     monkeypatch.setenv("LD_LIBRARY_PATH", str(copy.parent))
     assert str(copy) in nvrtc_builtins.find()
+
+
+def test_a_working_folder_of_slash_leaves_nothing_readable(tmp_path, monkeypatch):
+    """A service started in "/" (systemd's default): every file is below it, so counting it as a folder where files
+    are created left every copy (and compiler) readable. Control: the working folder above the copy is counted."""
+    copy = _tree(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(unreadable.tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.chdir("/")
+    assert "/" not in unreadable.busy_folders()
+    rules, denied, kept = unreadable.read_rules([str(copy)])
+    assert denied == [str(copy)] and kept == [] and rules
+    monkeypatch.chdir(tmp_path / "env")
+    assert unreadable.read_rules([str(copy)])[1] == []  # control: a working folder above the copy keeps it readable
