@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.strict import compilers as compilers_mod
-from nojit.loader.strict import nvrtc_builtins, unreadable as unreadable_mod
+from nojit.loader.strict import driver_jit, nvrtc_builtins, unreadable as unreadable_mod
 from nojit.loader.errors import NoJitError
 from nojit.loader.settings import settings
 
@@ -97,6 +97,7 @@ class Report:
     kept_readable: list[str] = field(default_factory=list)  # copies left readable, with why
     compilers_unreadable: list[str] = field(default_factory=list)  # compilers no process of the tree can read
     compilers_readable: list[str] = field(default_factory=list)  # compilers left readable, with why
+    ptx_jit_unreadable: list[str] = field(default_factory=list)  # the driver's PTX JIT library (opt-in), unreadable
 
     def summary(self) -> str:
         if self.state == "on":
@@ -106,6 +107,8 @@ class Report:
             if self.kept_readable:
                 builtins += f"; NVRTC builtins left readable: {', '.join(self.kept_readable)}"
             builtins += f"; {len(self.compilers_unreadable)} compilers unreadable"
+            if self.ptx_jit_unreadable:
+                builtins += f"; the driver's PTX JIT library unreadable ({len(self.ptx_jit_unreadable)} copies)"
             if self.compilers_readable:
                 builtins += (f" ({len(self.compilers_readable)} left readable, so the dynamic loader can run them: "
                              f"{', '.join(self.compilers_readable[:3])}{' ...' if len(self.compilers_readable) > 3 else ''})")
@@ -427,12 +430,15 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
     p = cached_plan(comp, default_roots(), extra_folders(), files, runtime_dir)
     others = _other_threads()
     builtins = nvrtc_builtins.find()
+    ptx_jit = driver_jit.find() if settings.unreadable_ptx_jit else []
+    builtins += [c for c in ptx_jit if c not in builtins]  # said apart below; left readable in a busy folder as these
     compilers = sorted({*comp.files, *p.refused_compilers} - set(builtins))
     read, denied, kept = unreadable_mod.read_rules([*builtins, *compilers])
     added, tsync = apply(p, abi, read)
     os.environ[ACTIVE_ENV] = str(os.getpid())
     _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p,
-                     unreadable=[d for d in denied if d in builtins],
+                     unreadable=[d for d in denied if d in builtins and d not in ptx_jit],
+                     ptx_jit_unreadable=[d for d in denied if d in ptx_jit],
                      kept_readable=[k for k in kept if k.partition(" (below ")[0] in builtins],
                      compilers_unreadable=[d for d in denied if d not in builtins],
                      compilers_readable=[k for k in kept if k.partition(" (below ")[0] not in builtins])

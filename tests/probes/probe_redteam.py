@@ -163,6 +163,15 @@ def uring_read_cc1() -> None:
         subprocess.run([tool, cc1, out("uring_read_cc1")], capture_output=True)
 
 
+def read_ptx_jit_library() -> None:
+    """A child that never installs nojit opens the driver's PTX JIT library (REDTEAM_PTXJIT, a stand-in file the test
+    planted in LD_LIBRARY_PATH): what libcuda does before it JIT-compiles PTX."""
+    path = os.environ.get("REDTEAM_PTXJIT", "")
+    child = f"open({path!r}, 'rb').read(4); open({out('read_ptx_jit_library')!r}, 'w').close()"
+    if path:
+        subprocess.run([sys.executable, "-S", "-c", child], capture_output=True, env={"PATH": "/usr/bin:/bin"})
+
+
 def writable_tree() -> str | None:
     """A folder of this Python environment (a venv the test made, as a serving user owns its venv) that the
     allow-list lets run as a whole tree and this user can write; system folders are never written to."""
@@ -424,7 +433,7 @@ forms = {name: fn for name, fn in list(globals().items())
          if name in ("memfd_execveat", "memfd_proc_path", "fd_of_cc1_execveat", "opath_of_cc1_proc",
                      "copy_after_install", "hardlink_after_install", "overwrite_allowed_file", "shebang_gcc",
                      "spawnp_reset_path", "ld_so_gcc_driver", "ld_so_cc1", "raw_syscall_execve", "deleted_copy_proc_fd",
-                     "uring_read_cc1", "stash_ld_so", "stash_memfd", "gcc_abs",
+                     "uring_read_cc1", "read_ptx_jit_library", "stash_ld_so", "stash_memfd", "gcc_abs",
                      "others_file_in_allowed", "others_folder_in_tree", "renamed_copy_in_tree", "child_nvrtc",
                      "undo_guards_nvjitlink", "undo_guards_nvrtc", "child_nvjitlink", "thread_before_install")}
 only = os.environ.get("REDTEAM_FORMS")

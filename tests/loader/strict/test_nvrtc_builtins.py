@@ -62,3 +62,22 @@ def test_a_working_folder_of_slash_leaves_nothing_readable(tmp_path, monkeypatch
     assert denied == [str(copy)] and kept == [] and rules
     monkeypatch.chdir(tmp_path / "env")
     assert unreadable.read_rules([str(copy)])[1] == []  # control: a working folder above the copy keeps it readable
+
+
+def test_the_driver_jit_library_is_found_in_ld_library_path_and_made_unreadable_on_request(tmp_path, monkeypatch):
+    """loader/strict/driver_jit.py finds libnvidia-ptxjitcompiler where the driver's libraries live; its read rules are
+    the builtins' (the Landlock side needs the driver: tests/gpu/test_inprocess_gpu.py)."""
+    from nojit.loader.strict import driver_jit
+
+    lib = tmp_path / "driver"
+    lib.mkdir()
+    (lib / "libnvidia-ptxjitcompiler.so.580.159.04").write_bytes(b"\x7fELF")
+    (lib / "libnvidia-ptxjitcompiler.so.1").symlink_to("libnvidia-ptxjitcompiler.so.580.159.04")
+    (lib / "libcuda.so.1").write_bytes(b"\x7fELF")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib))
+    found = driver_jit.find()
+    assert str(lib / "libnvidia-ptxjitcompiler.so.580.159.04") in found and len([f for f in found
+                                                                                if f.startswith(str(lib))]) == 1
+    monkeypatch.setattr(unreadable, "busy_folders", lambda: set())
+    rules, denied, _ = unreadable.read_rules(found)
+    assert str(lib / "libnvidia-ptxjitcompiler.so.580.159.04") in denied and str(lib / "libcuda.so.1") in rules

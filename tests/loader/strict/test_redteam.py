@@ -390,6 +390,26 @@ def test_outside_code_in_the_process_can_undo_the_in_process_guards(work):
     assert control["compiled"] == {"undo_guards_nvrtc": True}, control  # the NVRTC form can compile
 
 
+def test_the_driver_jit_library_is_unreadable_to_a_child_on_request(work, monkeypatch):
+    """NOJIT_UNREADABLE_PTX_JIT=1 (loader/strict/driver_jit.py): a child that never installs nojit cannot open the
+    driver's PTX JIT library (here a stand-in file in LD_LIBRARY_PATH; that libcuda then JIT-compiles nothing is for the
+    GPU test). Control: without the setting the same child reads it."""
+    lib = pathlib.Path(tempfile.mkdtemp(prefix="nojit-ptxjit-", dir="/var/tmp"))  # below no folder where files are made
+    try:
+        (lib / "libnvidia-ptxjitcompiler.so.580.159.04").write_bytes(b"\x7fELF")
+        monkeypatch.setenv("LD_LIBRARY_PATH", str(lib))
+        monkeypatch.setenv("REDTEAM_PTXJIT", str(lib / "libnvidia-ptxjitcompiler.so.580.159.04"))
+        monkeypatch.setenv("NOJIT_UNREADABLE_PTX_JIT", "1")
+        r = run_probe(work, "strict", forms="read_ptx_jit_library,gcc_abs", allow=False, apart=True)
+        assert r["compiled"] == {"read_ptx_jit_library": False, "gcc_abs": False}, r
+        assert "the driver's PTX JIT library unreadable (1 copies)" in r["summary"], r["summary"]
+        monkeypatch.setenv("NOJIT_UNREADABLE_PTX_JIT", "0")
+        control = run_probe(work, "strict", forms="read_ptx_jit_library", allow=False, apart=True)
+        assert control["compiled"] == {"read_ptx_jit_library": True}, control
+    finally:
+        shutil.rmtree(lib)
+
+
 def test_a_pinned_bundle_changed_in_place_after_open_serves_nothing_unpinned(tmp_path):
     """TOCTOU on the pin after open: the pin covers the header and index only; sections and cubins are read later
     by pread from the descriptor opened at open. A writer flipping every byte after the header in place (same
