@@ -371,8 +371,9 @@ def test_a_python_child_that_never_installs_nojit_cannot_use_nvrtc(work):
 @pytest.mark.xfail(strict=True, reason="hole: a Python child that never installs nojit links PTX to a cubin with a "
                    "ctypes-loaded nvJitLink; the in-process guards are per process, and unlike NVRTC's builtins "
                    "nvJitLink cannot be made unreadable to the process tree (torch's libcusparse links it, so every "
-                   "worker's import torch maps it); an environment-carried guard (LD_PRELOAD, sitecustomize) is dropped "
-                   "by a child started with an environment of its own")
+                   "worker's import torch maps it); it carries its own PTX compiler, so the driver's JIT library made "
+                   "unreadable (NOJIT_UNREADABLE_PTX_JIT) does not stop it; an environment-carried guard (LD_PRELOAD, "
+                   "sitecustomize) is dropped by a child started with an environment of its own")
 def test_a_python_child_that_never_installs_nojit_cannot_use_nvjitlink(work):
     r = run_probe(work, "strict", forms="child_nvjitlink,gcc_abs", allow=False, apart=True)
     assert r["compiled"]["gcc_abs"] is False  # the same process tree refuses gcc
