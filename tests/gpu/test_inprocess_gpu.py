@@ -141,6 +141,20 @@ if out["sass_fatbin_load"] == 0:
     value = ctypes.c_float()
     cuda.cuMemcpyDtoH_v2(ctypes.byref(value), dptr, 4)
     out["sass_fatbin_wrote"] = value.value
+# crafted: PTX_FATBIN's PTX entry behind an "sm_90 ELF" entry whose payload is an empty ELF header, not a cubin.
+# nojit's fatbin check passes it on (an sm_90 cubin is there); if the driver then falls back to the PTX, it JITs
+def _crafted(fatbin: bytes) -> bytes:
+    body = fatbin[16:]
+    head, size = int.from_bytes(body[4:8], "little"), int.from_bytes(body[8:16], "little")
+    ptx_entry = body[:head + size]
+    payload = b"\x7fELF\x02\x01\x01" + bytes(size - 7)
+    elf = bytearray(body[:head])
+    elf[0:2], elf[28:32] = (2).to_bytes(2, "little"), (90).to_bytes(4, "little")  # kind ELF, sm_90
+    elf[8:16] = len(payload).to_bytes(8, "little")
+    new_body = bytes(elf) + payload + ptx_entry
+    return fatbin[:8] + len(new_body).to_bytes(8, "little") + new_body
+out["broken_sass_ptx_fatbin_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()),
+                                                          _crafted(bytes.fromhex(PTX_FATBIN)))
 out["ctypes_ptx_load"] = out["ptx_loads"]["cuModuleLoadData"]
 if cubin is not None:
     with open(os.path.join(work, mode + ".cubin"), "wb") as f:
@@ -438,3 +452,15 @@ def test_the_driver_jit_library_unreadable_stops_ptx_in_a_child_and_cubins_still
     assert on["child"]["ptx_load"] != 0, on  # 221 (CUDA_ERROR_JIT_COMPILER_NOT_FOUND) expected
     if "cubin_load" in on["child"]:
         assert on["child"]["cubin_load"] == 0 and on["child"]["launch"] == 0 and on["child"]["kernel_wrote"] == 1.0, on
+
+
+def test_a_fatbin_whose_sm_90_cubin_is_broken_does_not_fall_back_to_its_ptx(tmp_path):
+    """Red team (session 9), written as the attack: a fatbin with an "sm_90 ELF" entry that is no cubin, and PTX. The
+    fatbin check passes it on (an sm_90 entry is there); if the driver, failing the cubin, JIT-compiles the PTX, that
+    is a compile under strict mode. The control (strict mode off) says whether this driver falls back at all: only
+    then can the strict side fail, and it must not load (the check would then need to read the cubin itself)."""
+    off, _ = run(tmp_path, "off")
+    strict, _ = run(tmp_path, "strict")
+    print("crafted fatbin: off", off["broken_sass_ptx_fatbin_load"], "strict", strict["broken_sass_ptx_fatbin_load"])
+    if off["broken_sass_ptx_fatbin_load"] == 0:  # this driver falls back to the PTX: the attack works without nojit
+        assert strict["broken_sass_ptx_fatbin_load"] != 0, strict
