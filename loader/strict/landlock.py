@@ -16,7 +16,8 @@ compiler it can read, and a memfd holding its bytes is never checked). EXECUTE i
 A folder that holds a compiler (compilers.py: by name, inode, or size and content) gets one rule per
 file that is not a compiler, and its parent folders are listed the same way; every other folder gets
 one rule for its whole tree. Nothing else (/tmp, /dev/shm, /var/tmp, ...) can be executed.
-The domain is inherited by every child and cannot be lifted, so an orphan is restricted too.
+The domain is inherited by every child and cannot be lifted, so an orphan is restricted too. Any Landlock domain
+also refuses to rename or link a file into another folder (EXDEV, Landlock's REFER right, never granted here).
 
 `landlock_restrict_self` restricts the calling thread and what it creates later; threads that exist
 already stay unrestricted unless the kernel has LANDLOCK_RESTRICT_SELF_TSYNC (ABI 8), which is used
