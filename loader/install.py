@@ -149,7 +149,7 @@ def install(
             # the kernel's exec allow-list, inherited by every child and irreversible (loader/strict/landlock.py)
             ll = landlock.enforce(os.path.join(fw.root, "nojit-stand-in"), firewall.runtime_dir())
             # where that allow-list is not applied, libc's exec entries refuse compilers instead (Build 2b)
-            exec_guard.activate(ll.state, firewall.runtime_dir())
+            exec_guard.activate(ll.state)
             clock.step("landlock")
         allowed = check_versions(bundle.index, path, RuntimeVersions.of_this_process(), allow)
         clock.step("versions")

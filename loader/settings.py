@@ -156,6 +156,11 @@ class Settings:
     landlock = _Bool("NOJIT_LANDLOCK", True,
                      "Strict mode restricts execution with Linux Landlock: no compiler can be executed by this process "
                      "or its children (loader/strict/landlock.py). Off: the audit hook and the PATH stand-ins only.")
+    unreadable_ptx_jit = _Bool("NOJIT_UNREADABLE_PTX_JIT", False,
+                               "Strict mode with Landlock also makes the driver's PTX JIT library "
+                               "(libnvidia-ptxjitcompiler) unreadable to the process tree, so no process of it, one "
+                               "that never installs nojit included, can JIT-compile PTX (loader/strict/driver_jit.py). "
+                               "Off until shown on the GPU that CUDA starts without it.")
     exec_allow = _Str("NOJIT_EXEC_ALLOW", None,
                       "Extra folders (os.pathsep-separated) whose files strict mode's exec allow-list lets run, "
                       "compilers excepted; each must be writable by no other user.")

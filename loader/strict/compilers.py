@@ -6,8 +6,13 @@ or a link under another name. A compiler is found by name where compilers live (
 bin folders and every `bin`/`_native` folder of their site-packages: nvidia wheels, Triton's
 bundled ptxas, Humming's nvrtc_compile); its identity is then (dev, inode) and (size, sha256),
 so any other file with the same inode, or the same size and content, is a compiler too. Digests
-are computed only when a file's size equals a compiler's (rare), and kept per user in the
-runtime folder keyed by (path, size, mtime, inode), so a later process pays for none of them.
+are computed only when a file's size equals a compiler's (rare: 2 per process here).
+
+Nothing of this is cached in a file: every process finds the compilers by name again (about 0.1 s here, most
+of it globbing site-packages). The runtime folder's `compilers.json` (sessions 7-8) was this user's file, trusted as
+it was, so a process of the strict tree that rewrote it (a compiler's folder dropped, a digest changed) widened the
+next start's allow-list: cc1's folder left out of the list became one whole-tree exec rule
+(tests/loader/strict/test_redteam.py). A file of the same user cannot be authenticated against that user.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ _SYSTEM_GLOBS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin", "
                  "/usr/local/cuda*/bin", "/usr/local/cuda*/nvvm/bin", "/usr/lib/gcc/*/*", "/usr/lib/gcc-cross/*/*",
                  "/usr/libexec/gcc/*/*", "/usr/lib/llvm-*/bin", "/usr/lib/ccache", "/opt/*/bin")
 _SITE_GLOBS = ("*/bin", "*/*/bin", "*/*/*/bin", "*/*/nvvm/bin", "*/*/*/nvvm/bin", "*/_native/*")
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: compilers.json no longer written or read
 
 
 def is_compiler_name(name: str) -> bool:
@@ -93,7 +98,7 @@ class Compilers:
     files: dict[str, tuple[int, int, int, int]]
     folders: list[str]  # every folder a compiler was found in (real paths)
     digests: dict[str, str] = field(default_factory=dict)  # path -> sha256, computed lazily
-    hashed: int = 0  # digests computed by this process (not read from the cache)
+    hashed: int = 0  # digests computed by this process
 
     def __post_init__(self) -> None:
         self.inodes = {(d, i) for d, i, _, _ in self.files.values()}
@@ -112,7 +117,8 @@ class Compilers:
         if not same_size or not stat.S_ISREG(st.st_mode):
             return False
         digest = _sha256(path)
-        return digest is not None and any(self.digest_of(p) == digest for p in same_size)
+        # a compiler this process cannot read (made unreadable by an enclosing strict tree) counts as equal
+        return digest is not None and any(self.digest_of(p) in (digest, None) for p in same_size)
 
     def digest_of(self, path: str) -> str | None:
         if path not in self.digests:
@@ -166,51 +172,19 @@ def _folder_signature(folders: list[str]) -> list:
     return sig
 
 
-def find(cache_dir: str | None = None) -> Compilers:
-    """Every compiler of this machine and Python environment. With `cache_dir`, the result and the digests are
-    reused from <cache_dir>/compilers.json while the searched folders and site-packages' top level are unchanged."""
+def find() -> Compilers:
+    """Every compiler of this machine and Python environment, found by name now (never read from a cache).
+    `cache_key` says what a plan built on them depends on (landlock.cached_plan's key): the searched folders'
+    and site-packages' inodes and mtimes."""
     system = search_folders()
     sites = site_packages()
     key = {"version": CACHE_VERSION, "system": _folder_signature(system),
            "sites": [[s, _site_signature(s)] for s in sites]}
-    key = json.loads(json.dumps(key))  # tuples as lists, as they come back from the file
-    cache_path = os.path.join(cache_dir, "compilers.json") if cache_dir else None
-    cached = read_private_json(cache_path)
-    if cached is not None and cached.get("key") == key:
-        files = {p: tuple(v) for p, v in cached["files"].items()}
-        if all(_unchanged(p, v) for p, v in files.items()):
-            comp = Compilers(files, cached["folders"], dict(cached.get("digests", {})))  # type: ignore[arg-type]
-            comp.cache_key = key  # type: ignore[attr-defined]
-            return comp
     folders = system + [f for s in sites for f in _site_folders(s)]
     files = _scan(folders)
-    found_in = sorted({os.path.dirname(p) for p in files})
-    digests = {p: d for p, d in (cached or {}).get("digests", {}).items()
-               if p in files and (cached or {}).get("files", {}).get(p) == list(files[p])}
-    comp = Compilers(files, found_in, digests)
-    comp.cache_key = key  # type: ignore[attr-defined]
-    save(comp, cache_dir)
+    comp = Compilers(files, sorted({os.path.dirname(p) for p in files}))
+    comp.cache_key = json.loads(json.dumps(key))  # type: ignore[attr-defined]  # tuples as lists, as in a file
     return comp
-
-
-def save(comp: Compilers, cache_dir: str | None) -> None:
-    """Write the cache (digests included) atomically; a failure to write costs the next process time only."""
-    if not cache_dir:
-        return
-    path = os.path.join(cache_dir, "compilers.json")
-    data = {"key": getattr(comp, "cache_key", None), "files": {p: list(v) for p, v in comp.files.items()},
-            "folders": comp.folders, "digests": comp.digests}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
 
 
 def read_private_json(path: str | None) -> dict | None:
@@ -234,11 +208,3 @@ def read_private_json(path: str | None) -> dict | None:
     finally:
         if fd >= 0:
             os.close(fd)
-
-
-def _unchanged(path: str, recorded: tuple) -> bool:
-    try:
-        s = os.stat(path)
-    except OSError:
-        return False
-    return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns) == tuple(recorded)

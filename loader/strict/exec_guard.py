@@ -74,7 +74,7 @@ def _code_at(address: int, size: int) -> bytes:
     return ctypes.string_at(address, size)
 
 
-def activate(landlock_state: str, runtime_dir: str | None) -> ExecGuardReport | None:
+def activate(landlock_state: str) -> ExecGuardReport | None:
     """Patch libc's exec entries when the Landlock allow-list is not applied (`landlock_state` off or unavailable);
     None (nothing done) otherwise. Idempotent."""
     if landlock_state not in APPLIES_WHEN or os.uname().machine != "x86_64":
@@ -82,7 +82,7 @@ def activate(landlock_state: str, runtime_dir: str | None) -> ExecGuardReport | 
     if _state["report"] is not None:
         return _state["report"]
     native = _native()
-    comp = compilers_mod.find(runtime_dir)
+    comp = compilers_mod.find()
     files = {p: v for p, v in comp.files.items() if not firewall.is_stand_in(p)}
     ids = sorted({(d, i) for d, i, _, _ in files.values()})
     sized = sorted({(size, p) for p, (_, _, size, _) in files.items()})

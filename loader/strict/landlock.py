@@ -4,9 +4,10 @@ The audit hook (guards.py) sees only Python's own process calls and the stand-in
 only names looked up through PATH. A compiler started by absolute path from C (`system`, `execv`,
 `posix_spawn`), by a shell form no parser follows (`x=/usr/bin/gcc; $x`, `/usr/bin/gc?`), a copy
 or a link of it under another name, or a child that outlives this process: the kernel refuses all
-of them once `enforce()` ran. It handles one right, EXECUTE (checked at execve for the program,
-its ELF interpreter and a `#!` interpreter; not for dlopen or mmap of libraries), and allows it
-only beneath:
+of them once `enforce()` ran. It handles EXECUTE (checked at execve for the program, its ELF
+interpreter and a `#!` interpreter; not for dlopen or mmap of libraries) and READ_FILE, allowed
+everywhere but at the compilers and NVRTC's builtins (unreadable.py: the dynamic loader maps a
+compiler it can read, and a memfd holding its bytes is never checked). EXECUTE is allowed only beneath:
 - the system folders executables live in (/usr/bin, /usr/sbin, /usr/lib, /usr/libexec, /usr/lib64,
   /usr/local/{bin,sbin,lib,libexec}) and the Python environment's prefixes, each only if no other
   user can write it or a folder above it (a sticky folder such as /tmp may hold one of ours);
@@ -15,7 +16,8 @@ only beneath:
 A folder that holds a compiler (compilers.py: by name, inode, or size and content) gets one rule per
 file that is not a compiler, and its parent folders are listed the same way; every other folder gets
 one rule for its whole tree. Nothing else (/tmp, /dev/shm, /var/tmp, ...) can be executed.
-The domain is inherited by every child and cannot be lifted, so an orphan is restricted too.
+The domain is inherited by every child and cannot be lifted, so an orphan is restricted too. Any Landlock domain
+also refuses to rename or link a file into another folder (EXDEV, Landlock's REFER right, never granted here).
 
 `landlock_restrict_self` restricts the calling thread and what it creates later; threads that exist
 already stay unrestricted unless the kernel has LANDLOCK_RESTRICT_SELF_TSYNC (ABI 8), which is used
@@ -39,12 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nojit.loader.strict import compilers as compilers_mod
-from nojit.loader.strict import nvrtc_builtins
+from nojit.loader.strict import driver_jit, nvrtc_builtins, unreadable as unreadable_mod
 from nojit.loader.errors import NoJitError
 from nojit.loader.settings import settings
 
 ACCESS_FS_EXECUTE = 1 << 0
-ACCESS_FS_READ_FILE = 1 << 2  # handled only when NVRTC's builtins are made unreadable (nvrtc_builtins.py)
+ACCESS_FS_READ_FILE = 1 << 2  # handled when files are made unreadable (unreadable.py: compilers, NVRTC builtins)
 RULE_PATH_BENEATH = 1
 CREATE_RULESET_VERSION = 1 << 0
 RESTRICT_SELF_TSYNC = 1 << 3  # ABI 8: every thread of the process, not only the caller
@@ -94,6 +96,9 @@ class Report:
     plan: Plan | None = None
     unreadable: list[str] = field(default_factory=list)  # NVRTC builtins no process of the tree can read
     kept_readable: list[str] = field(default_factory=list)  # copies left readable, with why
+    compilers_unreadable: list[str] = field(default_factory=list)  # compilers no process of the tree can read
+    compilers_readable: list[str] = field(default_factory=list)  # compilers left readable, with why
+    ptx_jit_unreadable: list[str] = field(default_factory=list)  # the driver's PTX JIT library (opt-in), unreadable
 
     def summary(self) -> str:
         if self.state == "on":
@@ -102,6 +107,12 @@ class Report:
             builtins = (f"; NVRTC builtins unreadable ({len(self.unreadable)} copies)" if self.unreadable else "")
             if self.kept_readable:
                 builtins += f"; NVRTC builtins left readable: {', '.join(self.kept_readable)}"
+            builtins += f"; {len(self.compilers_unreadable)} compilers unreadable"
+            if self.ptx_jit_unreadable:
+                builtins += f"; the driver's PTX JIT library unreadable ({len(self.ptx_jit_unreadable)} copies)"
+            if self.compilers_readable:
+                builtins += (f" ({len(self.compilers_readable)} left readable, so the dynamic loader can run them: "
+                             f"{', '.join(self.compilers_readable[:3])}{' ...' if len(self.compilers_readable) > 3 else ''})")
             return (f"exec allow-list on (Landlock ABI {self.abi}, {self.rules} rules, {self.ms:.0f} ms, "
                     f"{threads}){builtins}")
         if self.state == "inherited":
@@ -346,7 +357,7 @@ def extra_folders() -> list[str]:
 
 def apply(p: Plan, abi: int, read: Sequence[str] = ()) -> tuple[int, bool]:
     """Create the ruleset, add the rules, set no_new_privs and restrict this process; (rules added, tsync). With
-    `read` (nvrtc_builtins.read_rules), reading files is handled too and allowed only beneath those paths."""
+    `read` (unreadable.read_rules), reading files is handled too and allowed only beneath those paths."""
     libc = _libc()
     create, add, restrict = _SYSCALLS[platform.machine()]
     attr = _RulesetAttr(ACCESS_FS_EXECUTE | (ACCESS_FS_READ_FILE if read else 0))
@@ -415,18 +426,23 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
                   "(exec guard); a raw exec syscall or a path a shell builds at run time is not refused", file=sys.stderr, flush=True)
         return _report
     t = time.perf_counter()
-    comp = compilers_mod.find(runtime_dir)
-    hashed = comp.hashed
+    comp = compilers_mod.find()
     files = [sys.executable] + ([stand_in] if stand_in else [])
     p = cached_plan(comp, default_roots(), extra_folders(), files, runtime_dir)
-    if comp.hashed != hashed:
-        compilers_mod.save(comp, runtime_dir)  # digests computed while planning: the next process reuses them
     others = _other_threads()
-    read, unreadable, kept = nvrtc_builtins.read_rules(nvrtc_builtins.find())
+    builtins = nvrtc_builtins.find()
+    ptx_jit = driver_jit.find() if settings.unreadable_ptx_jit else []
+    builtins += [c for c in ptx_jit if c not in builtins]  # said apart below; left readable in a busy folder as these
+    compilers = sorted({*comp.files, *p.refused_compilers} - set(builtins))
+    read, denied, kept = unreadable_mod.read_rules([*builtins, *compilers])
     added, tsync = apply(p, abi, read)
     os.environ[ACTIVE_ENV] = str(os.getpid())
     _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p,
-                     unreadable=unreadable, kept_readable=kept)
+                     unreadable=[d for d in denied if d in builtins and d not in ptx_jit],
+                     ptx_jit_unreadable=[d for d in denied if d in ptx_jit],
+                     kept_readable=[k for k in kept if k.partition(" (below ")[0] in builtins],
+                     compilers_unreadable=[d for d in denied if d not in builtins],
+                     compilers_readable=[k for k in kept if k.partition(" (below ")[0] not in builtins])
     return _report
 
 

@@ -54,7 +54,9 @@
 #   inprocess  strict mode vs the driver's PTX JIT on the real driver (tests/gpu/test_inprocess_gpu.py: PTX given to every
 #            image loader of libcuda, through ctypes, cuGetProcAddress, cudart and cuda.bindings, and the driver's linker
 #            refused; a cubin loaded through each and its kernel run; a PTX-only fatbin refused by nojit's fatbin check,
-#            a PTX+sm_90 fatbin loaded and its kernel run; the control loads the PTX with strict mode off), then the CPU
+#            a PTX+sm_90 fatbin loaded and its kernel run; a crafted fatbin (broken sm_90 cubin + PTX) not JIT-compiled;
+#            with NOJIT_UNREADABLE_PTX_JIT=1 a child of a Landlocked strict process cannot JIT PTX while its cubin runs;
+#            the control loads the PTX with strict mode off), then the CPU
 #            tests of NVRTC/nvJitLink and the stand-in driver (tests/loader/strict/test_inprocess_guard.py, tests/loader/strict/test_x86_relocate.py,
 #            tests/loader/strict/test_fatbin_guard.py: skipped without ptxas/fatbinary); needs a .whl nojit wheel built with _inproc
 #   autotune FLA's autotuned kernels (chunk_local_cumsum fixed/varlen, solve_tril) from .device/vllm_src: Triton's own

@@ -141,6 +141,20 @@ if out["sass_fatbin_load"] == 0:
     value = ctypes.c_float()
     cuda.cuMemcpyDtoH_v2(ctypes.byref(value), dptr, 4)
     out["sass_fatbin_wrote"] = value.value
+# crafted: PTX_FATBIN's PTX entry behind an "sm_90 ELF" entry whose payload is an empty ELF header, not a cubin.
+# nojit's fatbin check passes it on (an sm_90 cubin is there); if the driver then falls back to the PTX, it JITs
+def _crafted(fatbin: bytes) -> bytes:
+    body = fatbin[16:]
+    head, size = int.from_bytes(body[4:8], "little"), int.from_bytes(body[8:16], "little")
+    ptx_entry = body[:head + size]
+    payload = b"\x7fELF\x02\x01\x01" + bytes(size - 7)
+    elf = bytearray(body[:head])
+    elf[0:2], elf[28:32] = (2).to_bytes(2, "little"), (90).to_bytes(4, "little")  # kind ELF, sm_90
+    elf[8:16] = len(payload).to_bytes(8, "little")
+    new_body = bytes(elf) + payload + ptx_entry
+    return fatbin[:8] + len(new_body).to_bytes(8, "little") + new_body
+out["broken_sass_ptx_fatbin_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()),
+                                                          _crafted(bytes.fromhex(PTX_FATBIN)))
 out["ctypes_ptx_load"] = out["ptx_loads"]["cuModuleLoadData"]
 if cubin is not None:
     with open(os.path.join(work, mode + ".cubin"), "wb") as f:
@@ -338,3 +352,115 @@ def test_linker_entry_from_cuGetProcAddress_is_refused_too(tmp_path):
     strict, _ = run(tmp_path, "strict")
     print("procaddr is the export:", strict.get("procaddr_is_export"))
     assert strict["procaddr_cuLinkAddData"] == 223, strict
+
+
+# a process of the strict tree that never installs nojit (and drops CUDA_DISABLE_PTX_JIT): raw PTX to the driver, then
+# the cubin made by CUBIN_SCRIPT loaded and its kernel run over a poisoned buffer
+JIT_CHILD = r'''
+import ctypes, json, os, sys
+PTX = b""".version 8.0
+.target sm_90
+.address_size 64
+.visible .entry twice(.param .u64 x) { ret; }
+""" + b"\0"
+cuda = ctypes.CDLL("libcuda.so.1")
+out = {"cuInit": cuda.cuInit(0), "jit_disabled_var": os.environ.get("CUDA_DISABLE_PTX_JIT")}
+dev, ctx, mod, fn, dptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
+cuda.cuDeviceGet(ctypes.byref(dev), 0)
+cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+cuda.cuCtxSetCurrent(ctx)
+out["ptx_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), PTX)
+if os.path.exists(sys.argv[1]):
+    out["cubin_load"] = cuda.cuModuleLoadData(ctypes.byref(mod), open(sys.argv[1], "rb").read())
+    cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k")
+    cuda.cuMemAlloc_v2(ctypes.byref(dptr), 4)
+    cuda.cuMemsetD32_v2(dptr, 0xFFFFFFFF, 1)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.byref(dptr), ctypes.c_void_p))
+    out["launch"] = cuda.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, None, params, None)
+    cuda.cuCtxSynchronize()
+    value = ctypes.c_float()
+    cuda.cuMemcpyDtoH_v2(ctypes.byref(value), dptr, 4)
+    out["kernel_wrote"] = value.value
+print("RESULT " + json.dumps(out))
+'''
+
+# install() of a small real bundle in strict mode (Landlock on, as in production), then JIT_CHILD as its child
+STRICT_PARENT = r'''
+import json, os, subprocess, sys
+from tests.support.bundle_bytes import seal
+from tests.loader.bundle.test_schema_rules import valid
+from nojit.loader.install import install
+from nojit.loader.settings import MISMATCH_FACTS
+work, child, cubin = sys.argv[1:4]
+bundle = os.path.join(work, "b.nojit")
+with open(bundle, "wb") as f:
+    f.write(seal(*valid()))
+install(bundle, kernels=set(), allow_mismatch=frozenset(MISMATCH_FACTS))
+from nojit.loader.strict import landlock
+r = landlock.report()
+env = {k: v for k, v in os.environ.items() if k != "CUDA_DISABLE_PTX_JIT" and not k.startswith("NOJIT")}
+p = subprocess.run([sys.executable, child, cubin], capture_output=True, text=True, env=env, timeout=300)
+lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+print("RESULT " + json.dumps({"landlock": r.state, "summary": r.summary(), "ptx_jit": r.ptx_jit_unreadable,
+                              "child": json.loads(lines[-1][7:]) if lines else p.stderr[-2000:]}))
+'''
+
+
+def _strict_parent(tmp_path, unreadable: bool) -> dict:
+    from tests.support.common import ROOT
+
+    cubin = tmp_path / "k.cubin"
+    if not cubin.exists():
+        maker = tmp_path / "make_cubin.py"
+        maker.write_text(CUBIN_SCRIPT)
+        subprocess.run([sys.executable, str(maker), str(cubin)], capture_output=True, timeout=300)
+    (tmp_path / "child.py").write_text(JIT_CHILD)
+    (tmp_path / "parent.py").write_text(STRICT_PARENT)
+    work = tmp_path / ("on" if unreadable else "off")
+    work.mkdir()
+    (work / "xdg").mkdir(mode=0o700)
+    env = {**os.environ, "NOJIT_MODE": "strict", "NOJIT_UNREADABLE_PTX_JIT": "1" if unreadable else "0",
+           "XDG_RUNTIME_DIR": str(work / "xdg"), "PYTHONPATH": ROOT}
+    env.pop("NOJIT_LANDLOCK_ACTIVE", None)
+    p = subprocess.run([sys.executable, str(tmp_path / "parent.py"), str(work), str(tmp_path / "child.py"), str(cubin)],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=str(work))
+    lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, p.stderr[-3000:]
+    return json.loads(lines[-1][7:])
+
+
+def test_the_driver_jit_library_unreadable_stops_ptx_in_a_child_and_cubins_still_run(tmp_path):
+    """NOJIT_UNREADABLE_PTX_JIT=1 (loader/strict/driver_jit.py), written as the attack: a child of a strict process
+    that never installs nojit and drops CUDA_DISABLE_PTX_JIT loads raw PTX (the README's not-covered row). With the
+    driver's PTX JIT library unreadable to the tree the load must fail, while the same child's CUDA starts and a cubin
+    loads and its kernel writes 1.0 over a poisoned buffer (a correct start is not broken). Control: the setting off,
+    the child JIT-compiles the PTX (ptx_load 0)."""
+    from nojit.loader.strict import driver_jit, landlock
+
+    if landlock.abi_version() is None:
+        pytest.skip("this kernel has no Landlock")
+    if not driver_jit.find():
+        pytest.skip("no libnvidia-ptxjitcompiler found where the driver's libraries live")
+    off = _strict_parent(tmp_path, unreadable=False)
+    print("off:", json.dumps(off))
+    assert off["landlock"] == "on" and off["child"]["cuInit"] == 0 and off["child"]["jit_disabled_var"] is None, off
+    assert off["child"]["ptx_load"] == 0, off  # control: the driver JIT-compiles it in a child without nojit
+    on = _strict_parent(tmp_path, unreadable=True)
+    print("on:", json.dumps(on))
+    assert on["landlock"] == "on" and on["ptx_jit"], on
+    assert on["child"]["cuInit"] == 0, on  # CUDA starts without the JIT library
+    assert on["child"]["ptx_load"] != 0, on  # 221 (CUDA_ERROR_JIT_COMPILER_NOT_FOUND) expected
+    if "cubin_load" in on["child"]:
+        assert on["child"]["cubin_load"] == 0 and on["child"]["launch"] == 0 and on["child"]["kernel_wrote"] == 1.0, on
+
+
+def test_a_fatbin_whose_sm_90_cubin_is_broken_does_not_fall_back_to_its_ptx(tmp_path):
+    """Red team (session 9), written as the attack: a fatbin with an "sm_90 ELF" entry that is no cubin, and PTX. The
+    fatbin check passes it on (an sm_90 entry is there); if the driver, failing the cubin, JIT-compiles the PTX, that
+    is a compile under strict mode. The control (strict mode off) says whether this driver falls back at all: only
+    then can the strict side fail, and it must not load (the check would then need to read the cubin itself)."""
+    off, _ = run(tmp_path, "off")
+    strict, _ = run(tmp_path, "strict")
+    print("crafted fatbin: off", off["broken_sass_ptx_fatbin_load"], "strict", strict["broken_sass_ptx_fatbin_load"])
+    if off["broken_sass_ptx_fatbin_load"] == 0:  # this driver falls back to the PTX: the attack works without nojit
+        assert strict["broken_sass_ptx_fatbin_load"] != 0, strict

@@ -74,7 +74,7 @@ def fd_of(path: str) -> int:
 if which == "guard":
     from nojit.loader.strict import exec_guard
 
-    report = exec_guard.activate("off", None)
+    report = exec_guard.activate("off")
     assert report is not None and report.patched, report
 forms = {
     "system_abs": lambda: libc.system(f"{GCC} -S {src} -o {out('system_abs')} 2>/dev/null".encode()),

@@ -29,7 +29,7 @@ needs_gcc = pytest.mark.skipif(not HAVE_GCC, reason="gcc, as and ld are needed t
 needs_landlock = pytest.mark.skipif(landlock.abi_version() is None, reason="this kernel has no Landlock")
 
 FORMS = ("c_system_abs", "c_fork_execv", "c_posix_spawn", "py_child_execv", "shell_variable", "shell_glob",
-         "copied_gcc_as_ld", "symlinked_gcc", "copy_in_allowed_folder")
+         "copied_gcc_as_ld", "symlinked_gcc", "copy_in_allowed_folder", "ld_so_cc1")
 ORPHANS = ("orphan_by_name", "orphan_by_path")
 
 
@@ -88,9 +88,8 @@ def test_every_process_compiler_form_is_refused_by_the_kernel(work):
     assert [f for f in (*FORMS, *ORPHANS) if compiled[f]] == [], compiled
     assert first["allowed_tool_exit"] == 0  # a non-compiler in an allowed folder still runs
     assert first["child"] == "inherited"
-    # outside the guarantee (README): the dynamic loader maps cc1 as a library, which Landlock does not check
-    assert compiled["ld_so_cc1"] is True
-    again = run_probe(work, NOJIT_MODE="strict")  # the compiler list and digests come from the runtime folder now
+    # ld_so_cc1: Landlock does not check ld.so's mapping of cc1, but cc1 is unreadable (loader/strict/unreadable.py)
+    again = run_probe(work, NOJIT_MODE="strict")  # the plan comes from the runtime folder's exec-plan.json now
     print(f"allow-list install: first process {first['landlock']['ms']:.0f} ms, later process "
           f"{again['landlock']['ms']:.0f} ms ({again['landlock']['rules']} rules, ABI {again['landlock']['abi']}, "
           f"tsync {again['landlock']['tsync']})")
@@ -156,7 +155,7 @@ def test_a_copied_marker_is_not_an_inherited_domain():
 def test_compilers_are_known_by_content_and_inode_not_by_name(tmp_path):
     if not HAVE_GCC:
         pytest.skip("gcc is needed")
-    comp = compilers.find(None)
+    comp = compilers.find()
     gcc = os.path.realpath("/usr/bin/gcc")
     assert gcc in comp.files and os.path.dirname(gcc) in comp.folders
     cc1 = subprocess.run(["gcc", "-print-prog-name=cc1"], capture_output=True, text=True).stdout.strip()
@@ -181,7 +180,7 @@ def test_compilers_are_known_by_content_and_inode_not_by_name(tmp_path):
 
 
 def test_plan_never_covers_a_compiler_or_a_folder_others_can_write(tmp_path):
-    comp = compilers.find(None)
+    comp = compilers.find()
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o777)
@@ -206,7 +205,7 @@ def test_an_allowed_folder_others_can_write_is_a_typed_error(tmp_path):
     bad.mkdir()
     os.chmod(bad, 0o777)
     with pytest.raises(NoJitError, match="another user can write") as e:
-        landlock.plan(compilers.find(None), [], [str(bad)])
+        landlock.plan(compilers.find(), [], [str(bad)])
     assert "NOJIT_EXEC_ALLOW" in e.value.fix
     assert stat.S_IMODE(os.stat(bad).st_mode) == 0o777
 
@@ -221,29 +220,41 @@ def test_cached_plan_is_redone_when_a_listed_folder_changes(tmp_path):
     allowed = tmp_path / "allowed"
     allowed.mkdir()
     shutil.copy(os.path.realpath("/bin/true"), allowed / "tool")
-    comp = compilers.find(str(cache))
+    comp = compilers.find()
     first = landlock.cached_plan(comp, [], [str(allowed)], [], str(cache))
-    again = landlock.cached_plan(compilers.find(str(cache)), [], [str(allowed)], [], str(cache))
+    again = landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache))
     assert not first.from_cache and again.from_cache and again.files == first.files == [str(allowed / "tool")]
     shutil.copy(os.path.realpath("/usr/bin/gcc"), allowed / "newtool")
-    changed = landlock.cached_plan(compilers.find(str(cache)), [], [str(allowed)], [], str(cache))
+    changed = landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache))
     assert not changed.from_cache and str(allowed / "newtool") in changed.refused_compilers
     assert str(allowed / "newtool") not in changed.files
     with open(allowed / "tool", "r+b") as f:  # replaced in place by gcc's bytes: same inode and entries
         f.write(open(os.path.realpath("/usr/bin/gcc"), "rb").read())
-    replaced = landlock.cached_plan(compilers.find(str(cache)), [], [str(allowed)], [], str(cache))
+    replaced = landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache))
     assert not replaced.from_cache and str(allowed / "tool") in replaced.refused_compilers
 
 
-def test_compiler_digests_are_cached_per_user(tmp_path):
+def test_a_rewritten_compiler_list_cannot_widen_the_allow_list(tmp_path):
+    """Attack (sessions 7-8 read <runtime dir>/compilers.json as it was): a process of this user drops cc1's folder
+    from the list. Control: a plan built on that list gives cc1 a whole-tree exec rule (it would run). Now the list
+    is found by name in each process and no file is read: the plan refuses cc1 whatever the runtime folder holds."""
+    if not HAVE_GCC:
+        pytest.skip("gcc is needed")
+    cc1 = os.path.realpath(subprocess.run(["gcc", "-print-prog-name=cc1"], capture_output=True, text=True,
+                                          check=True).stdout.strip())
+    comp = compilers.find()
+    assert cc1 in comp.files
+    dropped = os.path.dirname(cc1)
+    tampered = compilers.Compilers({p: v for p, v in comp.files.items() if not p.startswith(dropped + os.sep)},
+                                   [f for f in comp.folders if f != dropped])
+    roots = landlock.default_roots()
+    widened = landlock.plan(tampered, roots)
+    assert any(cc1.startswith(f + os.sep) for f in widened.folders)  # control: the tampered list lets cc1 run
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    comp = compilers.find(str(cache))
-    gcc = os.path.realpath("/usr/bin/gcc")
-    if gcc not in comp.files:
-        pytest.skip("no gcc")
-    comp.digest_of(gcc)
-    compilers.save(comp, str(cache))
-    later = compilers.find(str(cache))
-    assert later.digests.get(gcc) == comp.digests[gcc] and later.hashed == 0
-    assert stat.S_IMODE(os.stat(cache / "compilers.json").st_mode) == 0o600
+    (cache / "compilers.json").write_text(json.dumps({"key": comp.cache_key, "files": {
+        p: list(v) for p, v in tampered.files.items()}, "folders": tampered.folders, "digests": {}}))
+    found = compilers.find()
+    assert cc1 in found.files and dropped in found.folders
+    p = landlock.cached_plan(found, roots, [], [], str(cache))
+    assert not any(cc1.startswith(f + os.sep) for f in p.folders) and cc1 not in p.files

@@ -74,14 +74,14 @@ def test_positive_control_each_form_compiles_without_the_guard(work):
 @pytest.mark.parametrize("state", ["on", "inherited", "exempt"])
 def test_nothing_is_patched_where_landlock_applies(state):
     """Where the allow-list is applied (or this process exempted itself) libc is left as it is."""
-    assert exec_guard.activate(state, None) is None
+    assert exec_guard.activate(state) is None
     assert exec_guard.report() is None
 
 
 def test_the_check_names_copies_links_and_words(work, tmp_path):
     """The C check itself (no patch): a copy by content, a link by its target, a path in a shell command."""
     code = ("import sys; from nojit.loader.strict import exec_guard, compilers; from nojit.loader import _inproc as n; "
-            "c = compilers.find(None); "
+            "c = compilers.find(); "
             "n.exec_guard_set(sorted({(d, i) for d, i, _, _ in c.files.values()}), "
             "sorted({(s, p) for p, (_, _, s, _) in c.files.items()}), -1); "
             "w = sys.argv[1]; "
@@ -97,7 +97,7 @@ def test_the_check_names_copies_links_and_words(work, tmp_path):
 def test_a_libc_whose_exec_body_is_not_the_expected_wrapper_is_left_alone(tmp_path):
     """The stubs never return into libc, so only a body known to be the plain syscall wrapper is replaced."""
     code = ("from nojit.loader.strict import exec_guard as g; g._WRAPPERS['execve'] = b'\\x90' * 7; "
-            "r = g.activate('off', None); print(r.patched); print(r.skipped); print(r.summary())")
+            "r = g.activate('off'); print(r.patched); print(r.skipped); print(r.summary())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)})
     lines = p.stdout.splitlines()
