@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -309,7 +310,7 @@ def child(args: argparse.Namespace) -> None:
     from vllm_mount import mount
 
     finder = mount(args.vllm_src)
-    import call_site_steps
+    call_site_steps = importlib.import_module(args.steps_module)
 
     modules = call_site_steps.import_call_sites()
     compiles: list[str] = []
@@ -395,8 +396,11 @@ def _kernels_of(modules: list[Any], kinds: tuple[type, ...]) -> list[Any]:
     out = []
     for m in modules:
         for value in vars(m).values():
-            if isinstance(value, kinds):
-                out.append(value)
+            inner, depth = value, 0
+            while not isinstance(inner, kinds) and hasattr(inner, "fn") and depth < 4:  # under @heuristics/@autotune
+                inner, depth = inner.fn, depth + 1
+            if isinstance(inner, kinds):
+                out.append(inner)
             elif isinstance(value, type):
                 for attr in vars(value).values():
                     inner = getattr(attr, "__func__", attr)
@@ -405,7 +409,7 @@ def _kernels_of(modules: list[Any], kinds: tuple[type, ...]) -> list[Any]:
     return out
 
 
-def list_sources(vllm_src: str) -> dict[str, list[str]]:
+def list_sources(vllm_src: str, steps_module: str = "call_site_steps") -> dict[str, list[str]]:
     """The vLLM files (relative to vllm/) the call sites import, and the third-party packages they pull in."""
     import torch  # noqa: F401 - imported before the mount: not counted as the call sites' needs
     import triton  # noqa: F401
@@ -414,21 +418,21 @@ def list_sources(vllm_src: str) -> dict[str, list[str]]:
     from vllm_mount import mount
 
     finder = mount(vllm_src)
-    import call_site_steps
+    call_site_steps = importlib.import_module(steps_module)
 
     call_site_steps.import_call_sites()
     if call_site_steps.IMPORT_ERRORS:  # on the build box every call-site module imports: else nothing to carry
         raise RuntimeError("call-site modules did not import: " + "; ".join(call_site_steps.IMPORT_ERRORS))
     after = {m.partition(".")[0] for m in sys.modules}
     third = sorted(m for m in after - before - set(sys.stdlib_module_names)
-                   if not m.startswith("_") and m not in ("vllm", "vllm_mount", "call_site_steps"))
+                   if not m.startswith("_") and m not in ("vllm", "vllm_mount", steps_module))
     return {"files": sorted(set(finder.loaded)), "third_party": third}
 
 
 def run_role(args: argparse.Namespace, role: str, workdir: str) -> dict:
     out = os.path.join(workdir, f"{role}.json")
     cmd = [sys.executable, __file__, "--child", role, "--vllm-src", args.vllm_src, "--seed", str(args.seed),
-           "--out", out]
+           "--out", out, "--steps-module", args.steps_module]
     if args.bundle:
         cmd += ["--bundle", args.bundle]
     if args.steps:
@@ -533,6 +537,8 @@ def main() -> int:
     ap.add_argument("--plan", help="a plan (`nojit build --emit-plan`): every reached key must be in it")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--steps", help="comma-separated step names (default: all)")
+    ap.add_argument("--steps-module", default="call_site_steps",
+                    help="the module of tests/gpu/checks that holds the steps (qwen_call_site_steps: Qwen3.5)")
     ap.add_argument("--list-sources", action="store_true",
                     help="import the call sites from --vllm-src and print the vLLM files they load (JSON)")
     ap.add_argument("--child")
@@ -540,7 +546,7 @@ def main() -> int:
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.list_sources:
-        print(json.dumps(list_sources(args.vllm_src)))
+        print(json.dumps(list_sources(args.vllm_src, args.steps_module)))
         return 0
     if args.child:
         child(args)
