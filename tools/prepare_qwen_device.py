@@ -156,6 +156,14 @@ def main() -> int:
             raise SystemExit(f"vLLM {vllm.__version__} has no tile config {config}: the steps would take the default")
         files.append(config)
     m = copy_sources(files, pkg, os.path.join(out, "vllm_src"), vllm.__version__)
+    # the box's pre-check: every key the steps reach is in the device plan (else the GPU run would fail on it)
+    dry = subprocess.run([sys.executable, os.path.join(CHECKS, "check_call_sites.py"), "--dry-keys", "--steps-module",
+                          "qwen_call_site_steps", "--vllm-src", os.path.join(out, "vllm_src"),
+                          "--plan", os.path.join(out, "device.plan.json")], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "NOJIT_QWEN_FACTS": os.path.join(out, "facts.json")})
+    print("\n".join(line for line in dry.stdout.splitlines() if line.startswith(("  ", "DRY"))) or dry.stderr[-3000:])
+    if dry.returncode:
+        raise SystemExit("the steps reach keys the plan lacks (above): fix the model room's rows first")
     if not args.no_wheels:
         prepare_device.build_wheels(os.path.join(ROOT, ".whl"))
     print(f"{n} Triton kernels shimmed in .device-qwen/kernels (device.plan.json); {m} vLLM files in "

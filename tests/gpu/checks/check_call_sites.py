@@ -429,6 +429,49 @@ def list_sources(vllm_src: str, steps_module: str = "call_site_steps") -> dict[s
     return {"files": sorted(set(finder.loaded)), "third_party": third}
 
 
+def dry_keys(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The build box's pre-check (no GPU, nothing launched): the steps run on CPU tensors with Triton's launches
+    recorded (the build's recorder, under the build's offline driver), each call keyed as the JIT would key it, and
+    the keys compared with --plan. kernel id -> {"reached": keys, "planned": how many of them the plan has}."""
+    import torch
+
+    from nojit.aot.runtimes.triton.compiler import offline_driver
+    from nojit.aot.runtimes.triton.enumeration import recording_jit_calls
+    from nojit.loader.bundle.canonical import canonical_json
+    from vllm_mount import mount
+
+    mount(args.vllm_src)
+    steps = importlib.import_module(args.steps_module)
+    steps.DRY = True
+    steps.import_call_sites()
+    if steps.IMPORT_ERRORS:
+        raise RuntimeError("call-site modules did not import: " + "; ".join(steps.IMPORT_ERRORS))
+    planned = planned_keys(args.plan)
+    tracer = LaunchTracer("jit", "cpu")
+    wanted = set(args.steps.split(",")) if args.steps else set(steps.STEPS)
+    rows: dict[str, dict[str, Any]] = {}
+    with offline_driver(), torch.inference_mode():
+        for name, step in steps.STEPS.items():
+            if name not in wanted:
+                continue
+            steps.ERRORS.clear()
+            with recording_jit_calls() as calls:
+                step("cpu", args.seed or 0)
+            if steps.ERRORS:
+                raise RuntimeError(f"step {name}: " + "; ".join(steps.ERRORS))
+            for fn, a, kw in calls:
+                kid = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
+                key = tracer._interpreted_key(fn, a, kw)["key"]
+                text = "null" if key is None else canonical_json(key).decode()
+                row = rows.setdefault(kid, {"reached": {}, "planned": 0, "steps": []})
+                if name not in row["steps"]:
+                    row["steps"].append(name)
+                if text not in row["reached"]:
+                    row["reached"][text] = text in planned.get(kid, ())
+                    row["planned"] += row["reached"][text]
+    return rows
+
+
 def run_role(args: argparse.Namespace, role: str, workdir: str) -> dict:
     out = os.path.join(workdir, f"{role}.json")
     cmd = [sys.executable, __file__, "--child", role, "--vllm-src", args.vllm_src, "--seed", str(args.seed),
@@ -541,6 +584,8 @@ def main() -> int:
                     help="the module of tests/gpu/checks that holds the steps (qwen_call_site_steps: Qwen3.5)")
     ap.add_argument("--list-sources", action="store_true",
                     help="import the call sites from --vllm-src and print the vLLM files they load (JSON)")
+    ap.add_argument("--dry-keys", action="store_true",
+                    help="CPU, no launch: key every call of the steps and compare with --plan (exit 1 if one is unplanned)")
     ap.add_argument("--child")
     ap.add_argument("--replay", help="(child) what each JIT launch wrote: saved by the jit role, read by the loader")
     ap.add_argument("--out")
@@ -548,6 +593,21 @@ def main() -> int:
     if args.list_sources:
         print(json.dumps(list_sources(args.vllm_src, args.steps_module)))
         return 0
+    if args.dry_keys:
+        if not args.plan:
+            ap.error("--dry-keys needs --plan")
+        rows = dry_keys(args)
+        for kid, r in sorted(rows.items()):
+            print(f"  {kid.rpartition(':')[2]:60} {r['planned']}/{len(r['reached'])} keys planned  ({', '.join(r['steps'])})")
+            for text, ok in r["reached"].items():
+                if not ok:
+                    print(f"    reached, not planned: {text[:400]}")
+        ok = all(r["planned"] == len(r["reached"]) for r in rows.values()) and bool(rows)
+        print(f"DRY KEYS: {'PASS' if ok else 'FAIL'} ({len(rows)} kernels, {sum(len(r['reached']) for r in rows.values())} keys)")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f)
+        return 0 if ok else 1
     if args.child:
         child(args)
         return 0
