@@ -9,8 +9,10 @@ Run on the build box (vLLM 0.33.0 installed). Writes, into ignored folders (thir
                                   copy as the check does (qwen_call_site_steps.mount_qwen) and re-exports the module,
                                   so the device compiles vLLM's own kernel objects (FLA's kernels under
                                   @triton.heuristics lambdas do not extract with shared/tools/extract_triton.py)
-  .device-qwen/device.plan.json   the plan restricted to the kernels whose module imports from the copy: the device
-                                  builds the Triton bundle from it with its own Triton (`nojit build --from-plan`)
+  .device-qwen/device.plan.json   the plan restricted to the kernels the steps reach (every planned key of each),
+                                  checked first on the box (`check_call_sites.py --dry-keys`: every key the steps
+                                  reach is planned): the device builds the Triton bundle from it with its own Triton
+                                  (`nojit build --from-plan --no-generic`)
   .device-qwen/facts.json         the deployment's shapes for the steps (qwen_call_site_steps.deployment_facts: the
                                   model room's own functions)
   .device-qwen/vllm_src/vllm/...  the vLLM files the Qwen steps (check_call_sites.py --steps-module
@@ -75,8 +77,9 @@ globals().update({{k: v for k, v in vars(importlib.import_module({module!r})).it
 """
 
 
-def write_shims(full: dict, kernels: list[str], out_dir: str, device_plan: str) -> None:
-    """One shim per kernel module, map.json, and the plan restricted to those kernels."""
+def write_shims(full: dict, kernels: list[str], out_dir: str, device_plan: str,
+                keep_only: list[str] | None = None) -> None:
+    """One shim per kernel module, map.json, and the plan restricted to those kernels (and to keep_only)."""
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
@@ -89,7 +92,7 @@ def write_shims(full: dict, kernels: list[str], out_dir: str, device_plan: str) 
         mapping[kid] = {"file": name, "qualname": qualname}
     with open(os.path.join(out_dir, "map.json"), "w") as fh:
         json.dump(mapping, fh, indent=1, sort_keys=True)
-    keep = set(kernels)
+    keep = set(kernels) & set(keep_only if keep_only is not None else kernels)
     restricted = dict(full, kernels={k: v for k, v in full["kernels"].items() if k in keep},
                       requests=[r for r in full["requests"] if r["kernel"] in keep])
     with open(device_plan, "w") as fh:
@@ -157,13 +160,20 @@ def main() -> int:
         files.append(config)
     m = copy_sources(files, pkg, os.path.join(out, "vllm_src"), vllm.__version__)
     # the box's pre-check: every key the steps reach is in the device plan (else the GPU run would fail on it)
+    reached_json = os.path.join(out, "dry_keys.json")
     dry = subprocess.run([sys.executable, os.path.join(CHECKS, "check_call_sites.py"), "--dry-keys", "--steps-module",
                           "qwen_call_site_steps", "--vllm-src", os.path.join(out, "vllm_src"),
-                          "--plan", os.path.join(out, "device.plan.json")], capture_output=True, text=True, cwd=ROOT,
+                          "--plan", os.path.join(out, "device.plan.json"), "--json", reached_json],
+                         capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "NOJIT_QWEN_FACTS": os.path.join(out, "facts.json")})
     print("\n".join(line for line in dry.stdout.splitlines() if line.startswith(("  ", "DRY"))) or dry.stderr[-3000:])
     if dry.returncode:
         raise SystemExit("the steps reach keys the plan lacks (above): fix the model room's rows first")
+    with open(reached_json) as fh:
+        reached = sorted(json.load(fh))
+    # the device compiles the kernels the steps reach, every planned key of each (one device command: 10 minutes)
+    write_shims(full, found["ok"], os.path.join(out, "kernels"), os.path.join(out, "device.plan.json"), reached)
+    print(f"device plan: the {len(reached)} kernels the steps reach, with all their planned keys")
     if not args.no_wheels:
         prepare_device.build_wheels(os.path.join(ROOT, ".whl"))
     print(f"{n} Triton kernels shimmed in .device-qwen/kernels (device.plan.json); {m} vLLM files in "

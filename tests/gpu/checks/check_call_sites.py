@@ -6,6 +6,11 @@ tools/prepare_device.py (vLLM's call-site modules carried verbatim in .device/vl
     python tests/gpu/checks/check_call_sites.py --bundle B.nojit [--vllm-src .device/vllm_src]
         [--observed OUT.jsonl] [--json OUT.json]
     TRITON_INTERPRET=1 python tests/gpu/checks/check_call_sites.py --interpret   # CPU: JIT role only
+    python tests/gpu/checks/check_call_sites.py --dry-keys --plan PLAN [--steps-module M]  # CPU: keys vs plan
+
+--steps-module names the module of steps (default call_site_steps, DeepSeek-V4; qwen_call_site_steps: Qwen3.5 with
+NOJIT_QWEN_FACTS from tools/prepare_qwen_device.py). --dry-keys launches nothing: the steps run on CPU tensors with
+Triton's launches recorded and each call keyed as the JIT keys it, against the plan (the box's pre-check).
 
 The steps (call_site_steps.py) call vLLM's wrapper functions and kernel owners the way the DeepSeek-V4
 model, its attention backends, the V2 runner, the sampler and the speculative decoder do: a prefill
