@@ -201,3 +201,45 @@ def test_prepare_tool_shims_reexport_vllms_module_and_restrict_the_plan(tmp_path
     plan = json.loads((tmp_path / "p.json").read_text())
     assert sorted(plan["kernels"]) == ["vllm.a.b:_k", "vllm.c:K.kernel"]
     assert [r["kernel"] for r in plan["requests"]] == ["vllm.a.b:_k", "vllm.c:K.kernel"]
+
+
+ALIASED_KERNEL = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_one(x_ptr, y_ptr):
+    i = tl.program_id(0)
+    tl.store(y_ptr + i, tl.load(x_ptr + i) + 1.0)
+'''
+
+ALIASED = '''
+import importlib.util, json, sys
+import torch
+sys.path.insert(0, %r)
+import check_call_sites as c
+spec = importlib.util.spec_from_file_location("aliased_mod", %r)
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+tracer = c.LaunchTracer("jit", "cpu")
+c._trace_every_kernel(tracer, [m], True)
+x, y = torch.arange(4.0), torch.zeros(4)
+m.add_one[(4,)](x, y)  # y store-only: poisoned, then fully written
+m.add_one[(4,)](x, x)  # y is x (vLLM's gated RMSNorm: out=x): not poisoned, counted against the pre-state
+print(json.dumps({"rows": [(r["written"], r["in_place"]) for r in tracer.launches], "x": x.tolist(), "y": y.tolist()}))
+'''
+
+
+def test_an_output_that_is_also_the_input_is_not_poisoned(tmp_path) -> None:
+    """The GDN layer's gated RMSNorm writes its output over its input (layer_norm_fwd(x, out=x)): the tracer must
+    not poison it (the kernel would normalize the poison, identically in both runs, and prove nothing)."""
+    kernel = tmp_path / "aliased_mod.py"
+    kernel.write_text(ALIASED_KERNEL)
+    p = subprocess.run([sys.executable, "-c", ALIASED % (GPU_CHECKS, str(kernel))], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["y"] == [1.0, 2.0, 3.0, 4.0] and got["x"] == [1.0, 2.0, 3.0, 4.0]  # x + 1, not poison + 1
+    assert got["rows"][0] == [{"y_ptr": 4, "x_ptr": 0}, []]
+    assert got["rows"][1] == [{"x_ptr": 4, "y_ptr": 4}, ["x_ptr", "y_ptr"]]

@@ -169,6 +169,10 @@ class LaunchTracer:
         # uint64 tensors are tables of device addresses (vLLM's pointer tables): never poisoned.
         outs = {n: t for n, t in bound.items()
                 if n in store_only and isinstance(t, torch.Tensor) and t.dtype != torch.uint64}
+        # An output that shares memory with another argument (vLLM's gated RMSNorm writes `out` over `x`) is an
+        # input too: poisoning it would poison what the kernel reads. Compared against its pre-state instead.
+        storage = {n: t.untyped_storage().data_ptr() for n, t in bound.items() if isinstance(t, torch.Tensor)}
+        outs = {n: t for n, t in outs.items() if list(storage.values()).count(storage[n]) == 1}
         # Every other tensor argument may be written too (stores the analysis cannot see), and so may
         # the tensors a step registered as written through a table of addresses: compared to a snapshot.
         inouts = {n: t for n, t in bound.items() if n not in outs and isinstance(t, torch.Tensor)}
