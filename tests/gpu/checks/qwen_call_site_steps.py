@@ -16,6 +16,10 @@ tokens; the Mamba prefix-cache copy (batch_memcpy) in the mixed step.
 Shapes are the deployment's: `facts.json` (NOJIT_QWEN_FACTS; written on the build box by
 tools/prepare_qwen_device.py with the model room's own functions, `deployment_facts` below).
 
+On the CPU (tests/checks/test_check_qwen_call_sites.py) the steps run with Triton's launches recorded, not
+interpreted (`check_call_sites.py --dry-keys`): Triton's interpreter stops in causal_conv1d_update ("Did you forget to
+add @triton.jit?"), so `--interpret` runs only the attention and MoE launches of these steps.
+
 Not Triton, not carried, stood in by plain torch (their outputs are not what this check compares; the Triton
 launches after them read what they wrote, identically in both runs): vLLM's CUDA ops moe_align_block_size (the
 expert alignment, filled in torch as its docstring defines it), fused_gdn_decode_post_conv_mtp (the spec-decode
