@@ -63,6 +63,16 @@
 #            autotuner enumerated here, the bundle built from that plan, mode a (Triton benchmarks the bundled cubins),
 #            `nojit tune`, mode b (winners pre-filled, no benchmark) vs the JIT's autotuner from an empty cache with each
 #            chosen config forced, outputs poisoned, bit-compared (tests/gpu/checks/check_autotune.py)
+#   qwen     issue 24's must-show 2: vLLM's own Qwen3.5 call sites (.device-qwen/vllm_src, tests/gpu/checks/
+#            qwen_call_site_steps.py: the GDN layer's fused-norm core, the attention layers' QK-norm/RoPE/gate, the
+#            routed experts' fused_moe_kernel with vLLM's tile config, the prefix-cache copy) on a prefill, an MTP
+#            decode, a decode without drafts, a prefill+MTP mixed and a prefill+decode mixed step with the deployment's
+#            shapes (.device-qwen/facts.json): the Triton bundle built here from .device-qwen/device.plan.json (kernel
+#            sources: shims of vLLM's own modules; exact entries only, so a key the plan lacks is a miss), JIT vs
+#            loader (strict), outputs poisoned, bit-compared, per-kernel
+#            table of keys reached / written / served / planned; then the autotune step on the same copy (the default
+#            Qwen deployment reaches no autotuned kernel: FLA's chunk kernels need --gdn-prefill-backend triton).
+#            Needs .device-qwen and .whl carried (`python tools/prepare_qwen_device.py`)
 #   fastpath bench/bench_fastpath.py: dispatch (nojit C path, Python path, Triton, C floor), exact vs generic device
 #            time, open/install/preload/RSS, cold start vs the JIT (builds the Triton bundle first if absent)
 set -uo pipefail
@@ -218,6 +228,20 @@ PY
       ;;
     autotune)
       python3 tests/gpu/checks/check_autotune.py --vllm-src .device/vllm_src --work $W/autotune \
+        --json "$OUT/check_autotune.json" 2>&1 | tail -60 || rc=1
+      ;;
+    qwen)  # .device-qwen from tools/prepare_qwen_device.py on the build box
+      Q=.device-qwen
+      T0=$(date +%s%N)
+      python3 -m nojit.aot.cli build --from-plan $Q/device.plan.json --kernel-sources $Q/kernels/map.json --runtime triton --no-generic \
+        -j 16 --quiet -o $W/qwen.nojit 2>&1 | tail -20 || rc=1
+      echo "qwen triton bundle built here from the plan in $(( ($(date +%s%N) - T0) / 1000000 )) ms"
+      python3 -c "import json; p = json.load(open('$Q/plan.json')); a = [k for k, v in p['kernels'].items() if v['info'].get('autotune')]
+print('autotuned kernels in the deployment plan:', len(a), a)"
+      NOJIT_QWEN_FACTS=$Q/facts.json python3 tests/gpu/checks/check_call_sites.py --steps-module qwen_call_site_steps \
+        --bundle $W/qwen.nojit --vllm-src $Q/vllm_src --plan $Q/device.plan.json --observed "$OUT/qwen_observed_keys.jsonl" \
+        --json "$OUT/check_qwen_call_sites.json" 2>&1 | tail -60 || rc=1
+      python3 tests/gpu/checks/check_autotune.py --vllm-src $Q/vllm_src --work $W/autotune \
         --json "$OUT/check_autotune.json" 2>&1 | tail -60 || rc=1
       ;;
     fastpath)

@@ -6,6 +6,11 @@ tools/prepare_device.py (vLLM's call-site modules carried verbatim in .device/vl
     python tests/gpu/checks/check_call_sites.py --bundle B.nojit [--vllm-src .device/vllm_src]
         [--observed OUT.jsonl] [--json OUT.json]
     TRITON_INTERPRET=1 python tests/gpu/checks/check_call_sites.py --interpret   # CPU: JIT role only
+    python tests/gpu/checks/check_call_sites.py --dry-keys --plan PLAN [--steps-module M]  # CPU: keys vs plan
+
+--steps-module names the module of steps (default call_site_steps, DeepSeek-V4; qwen_call_site_steps: Qwen3.5 with
+NOJIT_QWEN_FACTS from tools/prepare_qwen_device.py). --dry-keys launches nothing: the steps run on CPU tensors with
+Triton's launches recorded and each call keyed as the JIT keys it, against the plan (the box's pre-check).
 
 The steps (call_site_steps.py) call vLLM's wrapper functions and kernel owners the way the DeepSeek-V4
 model, its attention backends, the V2 runner, the sampler and the speculative decoder do: a prefill
@@ -40,6 +45,7 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
+import importlib
 import json
 import os
 import subprocess
@@ -163,6 +169,10 @@ class LaunchTracer:
         # uint64 tensors are tables of device addresses (vLLM's pointer tables): never poisoned.
         outs = {n: t for n, t in bound.items()
                 if n in store_only and isinstance(t, torch.Tensor) and t.dtype != torch.uint64}
+        # An output that shares memory with another argument (vLLM's gated RMSNorm writes `out` over `x`) is an
+        # input too: poisoning it would poison what the kernel reads. Compared against its pre-state instead.
+        storage = {n: t.untyped_storage().data_ptr() for n, t in bound.items() if isinstance(t, torch.Tensor)}
+        outs = {n: t for n, t in outs.items() if list(storage.values()).count(storage[n]) == 1}
         # Every other tensor argument may be written too (stores the analysis cannot see), and so may
         # the tensors a step registered as written through a table of addresses: compared to a snapshot.
         inouts = {n: t for n, t in bound.items() if n not in outs and isinstance(t, torch.Tensor)}
@@ -309,7 +319,7 @@ def child(args: argparse.Namespace) -> None:
     from vllm_mount import mount
 
     finder = mount(args.vllm_src)
-    import call_site_steps
+    call_site_steps = importlib.import_module(args.steps_module)
 
     modules = call_site_steps.import_call_sites()
     compiles: list[str] = []
@@ -395,8 +405,11 @@ def _kernels_of(modules: list[Any], kinds: tuple[type, ...]) -> list[Any]:
     out = []
     for m in modules:
         for value in vars(m).values():
-            if isinstance(value, kinds):
-                out.append(value)
+            inner, depth = value, 0
+            while not isinstance(inner, kinds) and hasattr(inner, "fn") and depth < 4:  # under @heuristics/@autotune
+                inner, depth = inner.fn, depth + 1
+            if isinstance(inner, kinds):
+                out.append(inner)
             elif isinstance(value, type):
                 for attr in vars(value).values():
                     inner = getattr(attr, "__func__", attr)
@@ -405,7 +418,7 @@ def _kernels_of(modules: list[Any], kinds: tuple[type, ...]) -> list[Any]:
     return out
 
 
-def list_sources(vllm_src: str) -> dict[str, list[str]]:
+def list_sources(vllm_src: str, steps_module: str = "call_site_steps") -> dict[str, list[str]]:
     """The vLLM files (relative to vllm/) the call sites import, and the third-party packages they pull in."""
     import torch  # noqa: F401 - imported before the mount: not counted as the call sites' needs
     import triton  # noqa: F401
@@ -414,21 +427,64 @@ def list_sources(vllm_src: str) -> dict[str, list[str]]:
     from vllm_mount import mount
 
     finder = mount(vllm_src)
-    import call_site_steps
+    call_site_steps = importlib.import_module(steps_module)
 
     call_site_steps.import_call_sites()
     if call_site_steps.IMPORT_ERRORS:  # on the build box every call-site module imports: else nothing to carry
         raise RuntimeError("call-site modules did not import: " + "; ".join(call_site_steps.IMPORT_ERRORS))
     after = {m.partition(".")[0] for m in sys.modules}
     third = sorted(m for m in after - before - set(sys.stdlib_module_names)
-                   if not m.startswith("_") and m not in ("vllm", "vllm_mount", "call_site_steps"))
+                   if not m.startswith("_") and m not in ("vllm", "vllm_mount", steps_module))
     return {"files": sorted(set(finder.loaded)), "third_party": third}
+
+
+def dry_keys(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The build box's pre-check (no GPU, nothing launched): the steps run on CPU tensors with Triton's launches
+    recorded (the build's recorder, under the build's offline driver), each call keyed as the JIT would key it, and
+    the keys compared with --plan. kernel id -> {"reached": keys, "planned": how many of them the plan has}."""
+    import torch
+
+    from nojit.aot.runtimes.triton.compiler import offline_driver
+    from nojit.aot.runtimes.triton.enumeration import recording_jit_calls
+    from nojit.loader.bundle.canonical import canonical_json
+    from vllm_mount import mount
+
+    mount(args.vllm_src)
+    steps = importlib.import_module(args.steps_module)
+    steps.DRY = True
+    steps.import_call_sites()
+    if steps.IMPORT_ERRORS:
+        raise RuntimeError("call-site modules did not import: " + "; ".join(steps.IMPORT_ERRORS))
+    planned = planned_keys(args.plan)
+    tracer = LaunchTracer("jit", "cpu")
+    wanted = set(args.steps.split(",")) if args.steps else set(steps.STEPS)
+    rows: dict[str, dict[str, Any]] = {}
+    with offline_driver(), torch.inference_mode():
+        for name, step in steps.STEPS.items():
+            if name not in wanted:
+                continue
+            steps.ERRORS.clear()
+            with recording_jit_calls() as calls:
+                step("cpu", args.seed or 0)
+            if steps.ERRORS:
+                raise RuntimeError(f"step {name}: " + "; ".join(steps.ERRORS))
+            for fn, a, kw in calls:
+                kid = f"{fn.fn.__module__}:{fn.fn.__qualname__}"
+                key = tracer._interpreted_key(fn, a, kw)["key"]
+                text = "null" if key is None else canonical_json(key).decode()
+                row = rows.setdefault(kid, {"reached": {}, "planned": 0, "steps": []})
+                if name not in row["steps"]:
+                    row["steps"].append(name)
+                if text not in row["reached"]:
+                    row["reached"][text] = text in planned.get(kid, ())
+                    row["planned"] += row["reached"][text]
+    return rows
 
 
 def run_role(args: argparse.Namespace, role: str, workdir: str) -> dict:
     out = os.path.join(workdir, f"{role}.json")
     cmd = [sys.executable, __file__, "--child", role, "--vllm-src", args.vllm_src, "--seed", str(args.seed),
-           "--out", out]
+           "--out", out, "--steps-module", args.steps_module]
     if args.bundle:
         cmd += ["--bundle", args.bundle]
     if args.steps:
@@ -533,15 +589,34 @@ def main() -> int:
     ap.add_argument("--plan", help="a plan (`nojit build --emit-plan`): every reached key must be in it")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--steps", help="comma-separated step names (default: all)")
+    ap.add_argument("--steps-module", default="call_site_steps",
+                    help="the module of tests/gpu/checks that holds the steps (qwen_call_site_steps: Qwen3.5)")
     ap.add_argument("--list-sources", action="store_true",
                     help="import the call sites from --vllm-src and print the vLLM files they load (JSON)")
+    ap.add_argument("--dry-keys", action="store_true",
+                    help="CPU, no launch: key every call of the steps and compare with --plan (exit 1 if one is unplanned)")
     ap.add_argument("--child")
     ap.add_argument("--replay", help="(child) what each JIT launch wrote: saved by the jit role, read by the loader")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.list_sources:
-        print(json.dumps(list_sources(args.vllm_src)))
+        print(json.dumps(list_sources(args.vllm_src, args.steps_module)))
         return 0
+    if args.dry_keys:
+        if not args.plan:
+            ap.error("--dry-keys needs --plan")
+        rows = dry_keys(args)
+        for kid, r in sorted(rows.items()):
+            print(f"  {kid.rpartition(':')[2]:60} {r['planned']}/{len(r['reached'])} keys planned  ({', '.join(r['steps'])})")
+            for text, ok in r["reached"].items():
+                if not ok:
+                    print(f"    reached, not planned: {text[:400]}")
+        ok = all(r["planned"] == len(r["reached"]) for r in rows.values()) and bool(rows)
+        print(f"DRY KEYS: {'PASS' if ok else 'FAIL'} ({len(rows)} kernels, {sum(len(r['reached']) for r in rows.values())} keys)")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f)
+        return 0 if ok else 1
     if args.child:
         child(args)
         return 0

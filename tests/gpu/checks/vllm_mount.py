@@ -15,6 +15,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import os
+import re
 import sys
 import types
 from typing import Any
@@ -102,6 +103,11 @@ class CudaLikePlatform:
     def is_pin_memory_available(self) -> bool:
         return False
 
+    def get_device_name(self, device_id: int = 0) -> str:
+        import torch
+
+        return torch.cuda.get_device_name(device_id)
+
     def import_kernels(self) -> None:
         """vLLM's CUDA extension (vllm._C) is not carried: the driven call sites are Triton only."""
 
@@ -147,6 +153,9 @@ def _stub_platform_utils(m: types.ModuleType) -> None:
     m.num_compute_units = lambda device_id=0: torch.cuda.get_device_properties(device_id).multi_processor_count \
         if torch.cuda.is_available() else 132
     m.cuda_device_count_stateless = lambda: torch.cuda.device_count()
+    # platform_utils.py:69-74 (the MoE tile-config file name): the platform's device name, as vLLM asks it
+    m.get_device_name_as_file_name = lambda device_id=0: re.sub(
+        r"[\s/]+", "_", sys.modules["vllm.platforms"].current_platform.get_device_name(device_id))
 
 
 def _stub_any(m: types.ModuleType) -> None:
@@ -168,10 +177,10 @@ def _stub_forward_context(m: types.ModuleType) -> None:
 
 
 class _NotRocm:
-    """rocm_aiter_ops on CUDA: every `is_*_enabled` probe answers False."""
+    """rocm_aiter_ops on CUDA: every `is_*` / `are_*` probe answers False."""
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("is_"):
+        if name.startswith(("is_", "are_")):
             return lambda *args, **kwargs: False
         raise AttributeError(f"the check's stub rocm_aiter_ops has no {name!r} (tests/gpu/checks/vllm_mount.py)")
 
@@ -184,6 +193,13 @@ def _stub_aiter(m: types.ModuleType) -> None:
 def _stub_config_model(m: types.ModuleType) -> None:
     """vllm.config.model's one constant the samplers test against (config/model.py:104)."""
     m.PROCESSED_LOGPROBS_MODES = ("processed_logits", "processed_logprobs")
+    _stub_any(m)
+
+
+def _stub_breakable_cudagraph(m: types.ModuleType) -> None:
+    """eager_break_during_capture marks custom-op kernels for the breakable CUDA graph capture; eager here: the
+    function itself (torch's custom-op registration reads its signature)."""
+    m.eager_break_during_capture = lambda fn: fn
     _stub_any(m)
 
 
@@ -217,9 +233,11 @@ STUBS = {
     "vllm.model_executor.models.interfaces": _stub_any,
     "vllm.model_executor.models.utils": _stub_any,
     "vllm.v1.core.kv_cache_utils": _stub_any,
+    # v1/worker/mamba_utils.py (batch_memcpy's module) imports the V1 input batch for its other helpers' types
+    "vllm.v1.worker.gpu_input_batch": _stub_any,
     # models/deepseek_v4/attention.py (the indexer forward that launches _fill_short_context_topk_indices) imports
     # these for its layers' weights and other paths; the short-context branch driven reads none of them
-    "vllm.compilation.breakable_cudagraph": _stub_any,
+    "vllm.compilation.breakable_cudagraph": _stub_breakable_cudagraph,
     "vllm.model_executor.layers.linear": _stub_any,
     "vllm.model_executor.layers.sparse_attn_indexer": _stub_any,
     "vllm.model_executor.model_loader": _stub_any,
