@@ -125,3 +125,28 @@ def test_flashinfer_part_on_a_written_bundle_with_every_launch_kind(tmp_path):
     assert flashinfer_shapes_and_modules(manifest, TRTLLM_NAME) == ([(4096, 512), (8192, 1024)], ["sampling"])
     with pytest.raises(AttributeError):  # the session-8 reading
         sorted(e.launch.module for e in manifest.entries if e.launch.kind == "module")
+
+
+def test_plan_is_parsed_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    """The preflight runs once per runtime; the plan is parsed once per process while the file is unchanged, and
+    parsed again (a stale parse refused) when it is rewritten: a key added to the plan and missing from the bundle
+    fails the next preflight."""
+    import check_one_process as cop
+
+    path, plan = _bundle_and_plan(tmp_path)
+    b = Bundle.open(path)
+    loads: list[str] = []
+    real = json.load
+    monkeypatch.setattr(json, "load", lambda f, *a, **k: (loads.append(f.name), real(f, *a, **k))[1])
+    for _ in range(3):
+        assert plan_preflight(b, plan, {"triton"}) == {"triton": 6}
+    assert loads.count(plan) == 1
+    with open(plan) as f:
+        data = real(f)
+    data["requests"].append({"kernel": data["requests"][0]["kernel"], "key": {"new": 1}, "variant": "exact"})
+    with open(plan, "w") as f:
+        json.dump(data, f)
+    os.utime(plan, ns=(1, 1))  # even with an old mtime: the size and inode are in the stamp too
+    with pytest.raises(PreflightError, match="1 of them"):
+        plan_preflight(b, plan, {"triton"})
+    assert loads.count(plan) == 2 and len(cop._PLANS) >= 2
