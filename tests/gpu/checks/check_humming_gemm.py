@@ -113,8 +113,8 @@ def reference(x_deq, topk_flat, w_bytes, s_bytes, rows_per_token: int):
 #                                        partials p_i of any split satisfy sum_i |p_i| <= U,
 #   W = max(sum_g max(P_g, 0), sum_g max(-P_g, 0))   bounds every running sum of any subset of slices, any order;
 # with u = 2^-8 (bf16 round-to-nearest) and s <= 10 slices per tile (scheduler.cuh kMaxSlices), the reductions add at
-# most u * (U + (s - 1) * W); inside a slice the FP8 tensor-core accumulation (Hopper keeps about 14 bits: 2^-13 per
-# 32-deep WGMMA step, promoted to float32 per 128-group) and the float32 adds add at most
+# most u * (U + (s - 1) * W); inside a slice the FP8 tensor-core accumulation (Hopper keeps about 14 bits, DeepSeek-V3
+# report 3.3.2: 2^-13 per 32-deep WGMMA step, promoted to float32 per 128-group) and the float32 adds add at most
 # (128/32 * 2^-13 + K/128 * 2^-24) * S. The bound is 1.01 times their sum. (A gate on the share of elements outside
 # Humming's rtol/atol was tried and dropped: a simulated 10-slice reduction puts 1% of a w13 output there, the H200
 # 0.13%; the share is not bounded by anything the reference knows.)
