@@ -228,7 +228,7 @@ class Start:
         self.inst: Any = None
         self.finder: Any = None
         self.present: set[str] = set()
-        self.notes: dict[str, str] = {}
+        self.notes: dict[str, Any] = {}
         self.dg: Any = None
         self.dg_firewall: Any = None
         self.dg_section: dict | None = None
