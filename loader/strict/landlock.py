@@ -286,7 +286,8 @@ def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str
     cached = compilers_mod.read_private_json(path)
     if cached is not None and cached.get("key") == key:
         p = Plan(**{f: cached[f] for f in _PLAN_FIELDS})
-        if _still(p) and _could_be_planned(comp, p, [*roots, *extra]):
+        stats = _still(p)
+        if stats is not None and _could_be_planned(comp, p, [*roots, *extra], stats):
             p.from_cache = True
             return _with_files(comp, p, files)
     p = plan(comp, roots, extra)
@@ -311,7 +312,8 @@ def _with_files(comp: compilers_mod.Compilers, p: Plan, files: list[str]) -> Pla
     return p
 
 
-def _could_be_planned(comp: compilers_mod.Compilers, p: Plan, tops: list[str]) -> bool:
+def _could_be_planned(comp: compilers_mod.Compilers, p: Plan, tops: list[str],
+                      stats: dict[str, os.stat_result] | None = None) -> bool:
     """Whether a cached plan names only what plan() could have: every folder rule and file rule lies under a root
     or an allowed folder, no folder rule holds a compiler's folder, no file rule is a compiler. The cache is this
     user's file: a process of this user that rewrote it (a folder rule on "/", a rule for gcc) gets a fresh plan,
@@ -328,20 +330,25 @@ def _could_be_planned(comp: compilers_mod.Compilers, p: Plan, tops: list[str]) -
             folder = os.path.dirname(folder)
     if any(not under(f) or f in holding or f == os.sep for f in p.folders):
         return False
+    stats = stats or {}
     try:
-        return all(under(f) and not comp.is_compiler(f) for f in p.files)
+        return all(under(f) and not comp.is_compiler(f, stats.get(f)) for f in p.files)
     except OSError:
         return False
 
 
-def _still(p: Plan) -> bool:
+def _still(p: Plan) -> dict[str, os.stat_result] | None:
+    """Every folder and file of the plan as it was planned: their stats (reused by _could_be_planned, one stat
+    per file a later start), or None where one changed or is gone."""
+    stats: dict[str, os.stat_result] = {}
     try:
         for path, stamp in (*p.listed.items(), *p.file_stats.items()):
-            if _stamp(os.stat(path)) != stamp:
-                return False
+            st = stats[path] = os.stat(path)
+            if _stamp(st) != stamp:
+                return None
     except (OSError, ValueError, TypeError):
-        return False
-    return True
+        return None
+    return stats
 
 
 def default_roots() -> list[str]:

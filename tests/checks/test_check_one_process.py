@@ -85,3 +85,68 @@ def test_flashinfer_part_reads_only_flashinfer_entries():
     shapes, modules = flashinfer_shapes_and_modules(NS(kernels=kernels, entries=entries),
                                                     re.compile(r"gemm_swapAB_(\d+)_(\d+)_"))
     assert (shapes, modules) == ([(4096, 512)], ["sampling"])
+
+
+def test_flashinfer_part_on_a_written_bundle_with_every_launch_kind(tmp_path):
+    """The same, on a bundle written and read back by nojit's own format (not stand-in records): Humming, Triton
+    and FlashInfer entries side by side, and the check's own TensorRT-LLM name pattern. The positive control
+    is the session-8 reading (every entry's launch as FlashInfer's), which raises on this bundle."""
+    import hashlib
+
+    from check_flashinfer_launch import TRTLLM_NAME
+    from nojit.loader.bundle.manifest import KernelRecord
+    from nojit.loader.bundle.records.flashinfer import FlashInferLaunch
+    from nojit.loader.bundle.records.humming import HummingLaunch
+
+    kernels, entries, cubins = _inputs(5, n=2)
+
+    def add(kernel_id: str, runtime: str, launch, i: int, key=None) -> None:
+        raw = f"{kernel_id} {i}".encode() * 40
+        sha = hashlib.sha256(raw).hexdigest()
+        cubins[sha] = raw
+        if kernel_id not in {k.id for k in kernels}:
+            kernels.append(KernelRecord(kernel_id, runtime, "3" * 64, ()))
+        entries.append(Entry(kernel_id, {"i": i} if key is None else key, "exact", sha, launch, "declared"))
+
+    add("humming.kernel.humming:HummingKernel", "humming",
+        HummingLaunch("NVRTCCompiler", "90a", "humming<...>", "// code", False, False, "_Z7humming"), 0,
+        {"class": "humming.kernel.humming:HummingKernel", "args": {"n": 1}})
+    add("flashinfer.gemm.gemm_base:fp8_blockscale_gemm_sm90", "flashinfer",
+        FlashInferLaunch("gemm_swapAB_8192_1024_128_16_128_1_81_8_1_Normal", "trtllm_deepgemm"), 2)
+    add("flashinfer.gemm.gemm_base:fp8_blockscale_gemm_sm90", "flashinfer",
+        FlashInferLaunch("gemm_swapAB_4096_512_128_16_128_1_81_8_1_Normal", "trtllm_deepgemm"), 3)
+    add("flashinfer.sampling:sampling", "flashinfer", FlashInferLaunch("sampling"), 4, "sampling")
+    path = str(tmp_path / "mixed.nojit")
+    write_bundle(path, PRODUCER, TARGET, {"name": "t"}, kernels, entries, cubins)
+    manifest = Bundle.open(path).manifest
+
+    from check_one_process import flashinfer_shapes_and_modules
+
+    assert flashinfer_shapes_and_modules(manifest, TRTLLM_NAME) == ([(4096, 512), (8192, 1024)], ["sampling"])
+    with pytest.raises(AttributeError):  # the session-8 reading
+        sorted(e.launch.module for e in manifest.entries if e.launch.kind == "module")
+
+
+def test_plan_is_parsed_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    """The preflight runs once per runtime; the plan is parsed once per process while the file is unchanged, and
+    parsed again (a stale parse refused) when it is rewritten: a key added to the plan and missing from the bundle
+    fails the next preflight."""
+    import check_one_process as cop
+
+    path, plan = _bundle_and_plan(tmp_path)
+    b = Bundle.open(path)
+    loads: list[str] = []
+    real = json.load
+    monkeypatch.setattr(json, "load", lambda f, *a, **k: (loads.append(f.name), real(f, *a, **k))[1])
+    for _ in range(3):
+        assert plan_preflight(b, plan, {"triton"}) == {"triton": 6}
+    assert loads.count(plan) == 1
+    with open(plan) as f:
+        data = real(f)
+    data["requests"].append({"kernel": data["requests"][0]["kernel"], "key": {"new": 1}, "variant": "exact"})
+    with open(plan, "w") as f:
+        json.dump(data, f)
+    os.utime(plan, ns=(1, 1))  # even with an old mtime: the size and inode are in the stamp too
+    with pytest.raises(PreflightError, match="1 of them"):
+        plan_preflight(b, plan, {"triton"})
+    assert loads.count(plan) == 2 and len(cop._PLANS) >= 2

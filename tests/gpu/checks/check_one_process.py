@@ -168,6 +168,29 @@ def bundle_without(src: str, dst: str, drop_runtimes: frozenset[str] = frozenset
 
 
 # ------------------------------------------------------------------------------------------ preflight
+_PLANS: dict[tuple, tuple[dict[str, str], list[tuple[str, str, bytes]]]] = {}  # plan file stamp -> parsed
+_HAVE: dict[tuple, set[tuple[str, bytes]]] = {}  # (bundle path, manifest id) -> its exact (kernel, key) pairs
+
+
+def _plan_requests(plan_path: str) -> tuple[dict[str, str], list[tuple[str, str, bytes]]]:
+    """The plan's kernel runtimes and exact requests (kernel, runtime, canonical key), parsed once per process
+    while the file is the same (inode, size, mtime): the preflight of each runtime read and parsed the whole
+    ~2 MB plan again (about 25 ms a runtime on the H200, session 8)."""
+    from nojit.loader.bundle.file import canonical_json
+
+    st = os.stat(plan_path)
+    stamp = (os.path.realpath(plan_path), st.st_ino, st.st_size, st.st_mtime_ns)
+    parsed = _PLANS.get(stamp)
+    if parsed is None:
+        with open(plan_path) as f:
+            plan = json.load(f)
+        runtime_of = {k: v["runtime"] for k, v in plan["kernels"].items()}
+        exact = [(r["kernel"], runtime_of.get(r["kernel"]), canonical_json(r["key"])) for r in plan["requests"]
+                 if r["variant"] == "exact"]
+        parsed = _PLANS[stamp] = (runtime_of, exact)
+    return parsed
+
+
 def plan_preflight(bundle: Any, plan_path: str, runtimes: set[str]) -> dict[str, int]:
     """Every exact key the plan declares for a runtime of this bundle must be one of its entries. Raises one
     PreflightError listing every key that is not (loader/vllm_registry.py's message); returns declared keys per
@@ -176,21 +199,20 @@ def plan_preflight(bundle: Any, plan_path: str, runtimes: set[str]) -> dict[str,
     from nojit.loader.errors import PreflightError
     from nojit.loader.vllm_registry import Unserved, _preflight_message
 
-    with open(plan_path) as f:
-        plan = json.load(f)
-    runtime_of = {k: v["runtime"] for k, v in plan["kernels"].items()}
-    have = {(e.kernel, canonical_json(e.key)) for e in bundle.manifest.entries if e.variant == "exact"}
+    _runtime_of, exact = _plan_requests(plan_path)
+    have = _HAVE.get((bundle.path, id(bundle.manifest)))
+    if have is None:
+        have = _HAVE[(bundle.path, id(bundle.manifest))] = {
+            (e.kernel, canonical_json(e.key)) for e in bundle.manifest.entries if e.variant == "exact"}
     declared: dict[str, int] = {}
     unserved = []
-    for r in plan["requests"]:
-        rt = runtime_of.get(r["kernel"])
-        if r["variant"] != "exact" or rt not in runtimes:
+    for kernel, rt, key in exact:
+        if rt not in runtimes:
             continue
         declared[rt] = declared.get(rt, 0) + 1
-        key = canonical_json(r["key"])
-        if (r["kernel"], key) not in have:
-            reason = "kernel not in the bundle" if r["kernel"] not in bundle.manifest.kernels else "key not in the bundle"
-            unserved.append(Unserved(rt, r["kernel"], key.decode()[:200], reason))
+        if (kernel, key) not in have:
+            reason = "kernel not in the bundle" if kernel not in bundle.manifest.kernels else "key not in the bundle"
+            unserved.append(Unserved(rt, kernel, key.decode()[:200], reason))
     if unserved:
         raise PreflightError(_preflight_message(unserved, sum(declared.values()), bundle.path),
                              fix="add the missing keys to the bundle (`nojit build --add-keys`), or rebuild it")
@@ -206,7 +228,7 @@ class Start:
         self.inst: Any = None
         self.finder: Any = None
         self.present: set[str] = set()
-        self.notes: dict[str, str] = {}
+        self.notes: dict[str, Any] = {}
         self.dg: Any = None
         self.dg_firewall: Any = None
         self.dg_section: dict | None = None
@@ -251,6 +273,7 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
         ledger.add(rt, "install", ms)
     ledger.add("all", "install (memory)", 0.0, (rss_kib() - r0) / 1024, gpu_used_mib() - g0)
     s.notes["install_total_ms"] = f"{total:.1f}"
+    s.notes["install_steps_ms"] = {step: round(ms, 1) for step, ms in s.inst.timings.items()}  # what 'all' is made of
     import nojit.loader.install as install_module
 
     install_module.install = lambda *a, **k: s.inst  # install() once per process: every check gets this one
@@ -277,11 +300,18 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
         if rt == "deepgemm" and "deepgemm" in s.notes:
             continue  # not in the bundle: nothing of the bundle to check its keys against
         with ledger.measure(rt, "preflight") as m:
+            t0 = time.perf_counter()
             declared = plan_preflight(bundle, args.plan, {rt})
+            t1 = time.perf_counter()
             servers = {"triton": s.inst.servers("triton"), "tilelang": s.inst.servers("tilelang")}.get(rt, {})
-            for server in servers.values():
-                server.prepare()
+            with _source_checks_counted() as by_cache_key:
+                for server in servers.values():
+                    server.prepare()
             m.loaded = f"{declared.get(rt, 0)} keys"
+            s.notes.setdefault("preflight_split_ms", {})[rt] = {
+                "plan": round((t1 - t0) * 1e3, 1), "prepare": round((time.perf_counter() - t1) * 1e3, 1),
+                "kernels": len(servers), "sources proven by Triton's cache_key": len(by_cache_key),
+                "their ms": round(sum(by_cache_key), 1)}
     # preload
     dev = torch.cuda.current_device()
     with ledger.measure("triton", "preload") as m:
@@ -317,6 +347,29 @@ def start(args: argparse.Namespace, ledger: Ledger) -> Start:
             hg._imports_done()
             m.loaded = f"import, {len(s.inst.state('humming').seeded)} seeded (cubins load at first launch)"
     return s
+
+
+class _source_checks_counted:
+    """While preparing: each kernel whose unchanged source the build's record could not prove, so that Triton's
+    cache_key (its AST walk) decided it, with its ms (observed only: the same call is made)."""
+
+    def __enter__(self) -> list[float]:
+        from nojit.loader.runtimes.triton import serving
+
+        self.module, self.real, self.ms = serving, serving.check_source, []
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return self.real(*a, **k)
+            finally:
+                self.ms.append((time.perf_counter() - t) * 1e3)
+
+        serving.check_source = timed
+        return self.ms
+
+    def __exit__(self, *exc: Any) -> None:
+        self.module.check_source = self.real
 
 
 def _install_deepgemm(s: Start, records: dict, section_dir: str | None) -> None:
@@ -743,6 +796,8 @@ def graph_check(parts: list[Part]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - which step broke the capture is the finding
         result["error"] = f"capture failed: {type(exc).__name__}: {str(exc)[:400]}"
         result["traceback"] = traceback.format_exc()[-2000:]
+        result["uncapturable"] = _uncapturable(steps)
+        result["error"] += f"; steps that cannot be captured alone: {result['uncapturable']}"
         return result
     torch.cuda.synchronize()
     for outs in captured:
@@ -769,6 +824,22 @@ def graph_check(parts: list[Part]) -> dict[str, Any]:
     result["ok"] = ok and bool(result["steps"])
     result["launch_nodes"] = graph.__class__.__name__
     return result
+
+
+def _uncapturable(steps: list[tuple[str, str, Callable[[], list[Any]]]]) -> list[str]:
+    """After a failed capture of all the steps: each step captured alone, so the table names the one(s) that broke
+    it instead of one error for the whole graph."""
+    import torch
+
+    bad = []
+    for _rt, name, fn in steps:
+        try:
+            torch.cuda.synchronize()
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                fn()
+        except Exception as exc:  # noqa: BLE001 - collected
+            bad.append(f"{name} ({type(exc).__name__}: {str(exc)[:120]})")
+    return bad
 
 
 # ------------------------------------------------------------------------------------------ roles
@@ -882,9 +953,13 @@ def print_tables(parts: list[Part], graph: dict, counters: dict, ledger: Ledger,
     for x in graph.get("steps", []):
         if not x["equal"]:
             print(f"  differs: {x['step']}")
+    refused = counters["ptx_loads"]
     print(f"counters (whole process after imports): {counters['compiles']} compiles, {counters['processes']} processes, "
-          f"{counters['nvrtc']} NVRTC calls, {counters['ptx_loads']} in-process compiles refused (PTX/IR images given "
-          f"to the driver's loaders or linker, NVRTC, nvJitLink, NVVM: strict mode's patched entries count each)")
+          f"{counters['nvrtc']} NVRTC calls, " + (
+              f"{refused} in-process compiles refused (PTX/IR images given to the driver's loaders or linker, NVRTC, "
+              "nvJitLink, NVVM: strict mode's patched entries count each)" if refused is not None else
+              "in-process guard NOT active (the nojit wheel lacks nojit.loader._inproc, or strict mode did not "
+              "install its guards): PTX loads not counted, a failure"))
     print("\n(memory per runtime: its preflight and preload, and DeepGEMM's and CuTeDSL's install; install() as a whole "
           "is in the row 'all', with the mount of vLLM's files)")
     print("| runtime | install ms | preflight ms | preload ms | host RSS added MiB | GPU memory added MiB | loaded |")

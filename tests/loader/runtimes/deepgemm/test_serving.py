@@ -67,6 +67,26 @@ def test_seed_writes_entries_and_checks_digests(tmp_path) -> None:
         seed(section, lambda sha: blob, "b.nojit", base=str(tmp_path))
 
 
+def test_seed_hashes_each_cubin_once_and_still_refuses_bad_bytes(tmp_path, monkeypatch) -> None:
+    """Seeding hashed every cubin twice (before and after writing it, and twice again in each later process): once
+    now, on the descriptor it is written through or as it lies. A bundle blob that is not its recorded sha256 is
+    refused at the first write, and a cubin changed on disk at the next seed (the test above)."""
+    from nojit.loader import private_dir
+
+    blob = b"c" * 4099  # a size nothing else seeded has
+    hashed: list[int] = []
+    real = private_dir._hash_fd
+    monkeypatch.setattr(private_dir, "_hash_fd", lambda fd: (hashed.append(os.fstat(fd).st_size), real(fd))[1])
+    section = _section(blob)
+    seed(section, lambda sha: blob, "b.nojit", base=str(tmp_path))
+    assert hashed.count(len(blob)) == 1
+    hashed.clear()
+    seed(section, lambda sha: blob, "b.nojit", base=str(tmp_path))  # a later process: the entry is there
+    assert hashed.count(len(blob)) == 1
+    with pytest.raises(BundleCorruptError, match="does not match its sha256"):
+        seed(section, lambda sha: b"not the recorded bytes", "b.nojit", base=str(tmp_path / "fresh"))
+
+
 def test_seed_refuses_entry_names_outside_the_cache(tmp_path) -> None:
     with pytest.raises(BundleCorruptError, match="bad DeepGEMM entry name"):
         seed(_section(b"x", "../escape"), lambda sha: b"x", "b.nojit", base=str(tmp_path))

@@ -1,0 +1,158 @@
+"""The CPU part of a strict worker's time to ready, two nojit trees side by side in one run (issue 23).
+
+    python bench/bench_ready_cpu.py --old-root /work/main --new-root . [--python PY] [--bundle B.nojit] [--repeat 3]
+                                    [--json OUT]
+
+Both sides run in fresh processes of ONE interpreter (--python, default this one: a venv with nojit installed
+editable) and one site-packages; only the nojit tree differs
+(the editable install's finder is pointed at --old-root or --new-root before nojit is imported), so the numbers
+compare code, not environments. Sides alternate, each step --repeat times; the table gives the best and the median
+CPU time (user + system of the process, which a loaded shared box inflates less than wall time) and the median wall
+time.
+Steps (a fresh runtime folder, XDG_RUNTIME_DIR, where "first" is said; "later" reuses the first's):
+  scan            the compiler scan of the site-packages folders (compilers._site_folders over --site)
+  landlock first  landlock.enforce in a fresh runtime folder: the compiler search, the exec plan, the ruleset
+  landlock later  the same in a later process (compilers.json and exec-plan.json reused)
+  deepgemm first  DeepGEMM's cache seeded from a section of 203 entries of 48 KiB (the H200 run's count; the
+                  size of a DeepGEMM sm90 cubin) into an empty folder
+  deepgemm later  the same section seeded again (a later process: every entry checked, none written)
+  install later   install(strict) of --bundle in a later process, vLLM's kernel modules imported first (not timed)
+  prepare         every Triton kernel of --bundle prepared after that install (what the preflight does)
+No GPU: the deployment's stand-in H200 answers device questions; nothing is launched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, os, sys, time, resource
+root, step, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+import __editable___nojit_0_1_0_finder as finder
+finder.MAPPING.update({"nojit.aot": os.path.join(root, "aot"), "nojit.loader": os.path.join(root, "loader")})
+os.environ["NOJIT_QUIET"] = "1"
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return (r.ru_utime + r.ru_stime) * 1e3
+def timed(f):
+    c, t = cpu(), time.perf_counter()
+    out = f()
+    return {"cpu_ms": cpu() - c, "wall_ms": (time.perf_counter() - t) * 1e3, "out": out}
+import nojit.loader
+assert nojit.loader.__file__.startswith(root), nojit.loader.__file__
+if step == "scan":
+    from nojit.loader.strict import compilers
+    r = timed(lambda: len(compilers._site_folders(arg)))
+elif step == "landlock":
+    from nojit.loader.strict import firewall, landlock
+    rt = firewall.runtime_dir()
+    r = timed(lambda: landlock.enforce(None, rt).state)
+elif step == "deepgemm":
+    import hashlib
+    from nojit.loader.runtimes.deepgemm.cache import seed
+    blobs = {}
+    entries = {}
+    for i in range(203):
+        b = hashlib.sha256(str(i).encode()).digest() * (48 * 1024 // 32)
+        sha = hashlib.sha256(b).hexdigest()
+        blobs[sha] = b
+        entries[f"sm90_fp8_gemm_1d2d.{sha[:32]}"] = {"cubin": sha, "source": "// kernel.cu\n" * 200}
+    section = {"nvcc_version": "release 13.0", "entries": entries, "keys": []}
+    r = timed(lambda: bool(seed(section, blobs.__getitem__, "b.nojit", base=arg)))
+else:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.vllm_env import import_kernel_module, install_deployment_platform
+    install_deployment_platform(load_deployment().platform)
+    import gc, torch, triton
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.resolve import resolve_object
+    b = Bundle.open(arg)
+    ids = [k for k in sorted(b.manifest.kernels) if b.manifest.kernels[k].runtime == "triton"]
+    for kid in ids:
+        resolve_object(kid, import_module=import_kernel_module)
+    from nojit.loader.launch.fast_module import fast_module
+    fast_module()  # once per process, whoever calls it first; not what is compared here
+    gc.collect(); gc.freeze()
+    from nojit.loader.install import install
+    allow = frozenset({"vllm", "source", "triton"})
+    r = timed(lambda: len(install(arg, mode="strict", allow_mismatch=allow, kernels=set(ids)).servers("triton")))
+    inst = install(arg, mode="strict", allow_mismatch=allow, kernels=set(ids))
+    r["steps"] = {k: round(v, 2) for k, v in inst.timings.items()}
+    p = timed(lambda: [sv.prepare() for sv in inst.servers("triton").values()] and len(inst.servers("triton")))
+    r = {"install": r, "prepare": p}
+print("RESULT " + json.dumps(r))
+"""
+
+
+def child(python: str, root: str, step: str, arg: str, env: dict[str, str]) -> dict:
+    p = subprocess.run([python, "-c", CHILD, root, step, arg], capture_output=True, text=True, env=env,
+                       timeout=900)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"{root} {step} failed:\n{p.stderr[-3000:]}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--old-root", required=True)
+    ap.add_argument("--new-root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap.add_argument("--site", default=next((p for p in sys.path if p.endswith("site-packages")
+                                            and os.path.isdir(os.path.join(p, "torch"))), ""))
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--bundle", default="")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    sides = {"old": os.path.abspath(args.old_root), "new": os.path.abspath(args.new_root)}
+    rows: dict[str, dict[str, list[dict]]] = {}
+
+    def add(name: str, side: str, r: dict) -> None:
+        rows.setdefault(name, {}).setdefault(side, []).append(r)
+
+    for _ in range(args.repeat):
+        for side, root in sides.items():
+            env = dict(os.environ)
+            add("scan", side, child(args.python, root, "scan", args.site, env))
+            env["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="nojit-bench-")
+            add("landlock first", side, child(args.python, root, "landlock", "", env))
+            add("landlock later", side, child(args.python, root, "landlock", "", env))
+            base = tempfile.mkdtemp(prefix="nojit-bench-dg-")
+            add("deepgemm first", side, child(args.python, root, "deepgemm", base, env))
+            add("deepgemm later", side, child(args.python, root, "deepgemm", base, env))
+            if args.bundle:
+                child(args.python, root, "install", args.bundle, env)  # the first process: the stand-ins and caches made
+                r = child(args.python, root, "install", args.bundle, env)
+                add("install later", side, r["install"])
+                add("prepare", side, r["prepare"])
+    print(f"{'step':16s} {'CPU ms: old best / median':>26s} {'new best / median':>20s} {'wall ms: old median':>20s} "
+          f"{'new median':>11s}  what")
+    table = {}
+    for name, by in rows.items():
+        med = {side: {k: statistics.median(r[k] for r in by[side]) for k in ("cpu_ms", "wall_ms")} for side in by}
+        best = {side: min(r["cpu_ms"] for r in by[side]) for side in by}
+        what = by["new"][-1].get("out")
+        table[name] = {**med, "best_cpu_ms": best, "out": what, "steps_new": by["new"][-1].get("steps"),
+                       "steps_old": by["old"][-1].get("steps")}
+        print(f"{name:16s} {best['old']:17.1f} / {med['old']['cpu_ms']:6.1f} {best['new']:11.1f} / "
+              f"{med['new']['cpu_ms']:6.1f} {med['old']['wall_ms']:20.1f} {med['new']['wall_ms']:11.1f}  {what}")
+    for name in ("install later",):
+        if name in table:
+            print(f"install steps (ms, last run): old {table[name]['steps_old']}\n                           new "
+                  f"{table[name]['steps_new']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sides": sides, "python": args.python, "repeat": args.repeat, "site": args.site, "bundle": args.bundle,
+                       "rows": rows, "table": table}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
