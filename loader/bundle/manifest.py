@@ -757,6 +757,17 @@ def _check_cute_key(ef: _Fields, key: Any, launch: CuteLaunch, record: KernelRec
         raise ef._bad("key", f"is not a CuTeDSL key: {exc}") from None
 
 
+def _check_fi_cute_key(ef: _Fields, key: Any, launch: CuteLaunch, record: KernelRecord) -> None:
+    from nojit.loader.bundle.fi_cute_key import kernel_of, validate
+
+    try:
+        validate(key)
+    except ValueError as exc:
+        raise ef._bad("key", f"is not a FlashInfer CuTeDSL cache key: {exc}") from None
+    if kernel_of(key) != record.id:
+        raise ef._bad("key", f"is a key of {kernel_of(key)[:200]}, not of its kernel")
+
+
 def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch, record: KernelRecord) -> None:
     from nojit.loader.bundle.tilelang_key import key_from_json
 
@@ -821,6 +832,7 @@ RUNTIMES: dict[str, LaunchRecord] = {
     "triton": LaunchRecord(TritonLaunch.from_json, _check_triton_key),
     "tilelang": LaunchRecord(TileLangLaunch.from_json, _check_tilelang_key, _check_tilelang_entries),
     "cutedsl": LaunchRecord(CuteLaunch.from_json, _check_cute_key),
+    "flashinfer_cute": LaunchRecord(CuteLaunch.from_json, _check_fi_cute_key),  # FlashInfer's cached_compile keys
     "deepgemm": LaunchRecord(DeepGemmLaunch.from_json, _check_deepgemm_key),
     "flashinfer": LaunchRecord(FlashInferLaunch.from_json, _check_flashinfer_key),
     "humming": LaunchRecord(HummingLaunch.from_json, _check_humming_key),
