@@ -92,6 +92,8 @@ def key_text(key_json: Any) -> str:
                 return v[1].rpartition(".")[2]
             if v[0] == "tuple":
                 return "(" + ", ".join(show(x) for x in v[1]) + ")"
+            if v[0] in ("cutlass", "torch"):
+                return str(v[1])
             return repr(cutedsl_key._decode(v, None))
         attrs = ", ".join(f"{n}={show(v)}" for n, v in key_json[2])
         opts = ", ".join(f"{c.rpartition('.')[2]}={show(v)}" for c, v in key_json[3] or [])

@@ -6,7 +6,11 @@ path by them), take `torch.cuda.current_stream`, and pass `cute.runtime.from_dlp
 of workspaces FlashInfer allocates with `torch.empty`. Here the tensors live on the CPU (torch.empty, never
 touched), the device questions get the deployment's answers, the stream is 0 (a typed placeholder: it is
 not compiled in) and `torch.empty` aligns to 256 bytes as cudaMalloc does (the CPU allocator's 64 would
-fail the 128-byte alignment check of the tensormap workspace). Everything is put back on exit.
+fail the 128-byte alignment check of the tensormap workspace). CuTeDSL itself asks the driver one thing
+while it traces a kernel launched with `min_blocks_per_mp > 1` and no carveout (the CP route's T precompute,
+cutlass_dsl/cutlass.py `_generate_kernel_attrs`): the shared memory per multiprocessor, which it writes into
+the kernel's attributes; the arch's value answers it (SMEM_PER_SM), any other attribute is refused by name.
+Everything is put back on exit.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ ASKING_MODULES = (
 )
 CACHE_MODULE = "flashinfer.gdn_kernels.delta_rule_dsl.custom_compile_cache"
 ALIGN = 256  # cudaMalloc's alignment
+# CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR per compute capability: 228 KB on sm_90 (CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability": maximum shared memory per SM, 9.0)
+SMEM_PER_SM = {(9, 0): 233472}
 
 
 def _aligned_empty(original: Any) -> Any:
@@ -42,6 +49,19 @@ def _aligned_empty(original: Any) -> Any:
         offset = (-raw.data_ptr()) % ALIGN
         return raw[offset:offset + nbytes].view(dtype).view(shape)
     return empty
+
+
+def _device_attribute(cuda_helpers: Any, capability: tuple[int, int]) -> Any:
+    from nojit.aot.errors import BuildError
+
+    smem = cuda_helpers.cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+
+    def answer(attribute: Any, device_id: int = 0) -> int:
+        if attribute == smem and capability in SMEM_PER_SM:
+            return SMEM_PER_SM[capability]
+        raise BuildError(f"CuTeDSL asked the GPU for {attribute} (sm_{capability[0]}{capability[1]}), which the stand-in "
+                         "does not answer", fix="report it to nojit with the FlashInfer and CuTeDSL versions")
+    return answer
 
 
 @contextlib.contextmanager
@@ -61,6 +81,9 @@ def flashinfer_on_stand_in(facts: PlatformFacts) -> Iterator[None]:
             if hasattr(module, attr):
                 saved.append((module, attr, getattr(module, attr)))
                 setattr(module, attr, answer)
+    cuda_helpers = importlib.import_module("cutlass.base_dsl.runtime.cuda")
+    saved.append((cuda_helpers, "get_device_attribute", cuda_helpers.get_device_attribute))
+    cuda_helpers.get_device_attribute = _device_attribute(cuda_helpers, tuple(facts.capability))
     saved.append((torch.cuda, "current_stream", torch.cuda.current_stream))
     torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0)  # type: ignore[assignment]
     saved.append((torch, "empty", torch.empty))
