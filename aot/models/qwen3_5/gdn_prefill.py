@@ -24,6 +24,7 @@ import torch
 from nojit.aot.deployment import Deployment
 from nojit.aot.models.qwen3_5.call_sites import token_counts
 from nojit.aot.models.qwen3_5.config import gdn_facts
+from nojit.aot.vllm_env import import_kernel_module
 
 SITE = "nojit.aot.models.qwen3_5.gdn_prefill:prefill"
 GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
@@ -46,8 +47,6 @@ def calls(d: Deployment) -> list[dict[str, Any]]:
 
 def prefill(call: dict[str, Any], device: torch.device) -> None:
     """vLLM's fi_chunk_gated_delta_rule as `_forward_core` calls it (:1823 / :1846)."""
-    from nojit.aot.vllm_env import import_kernel_module
-
     gdn = import_kernel_module(GDN)
     t, n, h, hv, k, v = (call[x] for x in ("tokens", "seqs", "h", "hv", "k", "v"))
     dtype, state_dtype = getattr(torch, call["dtype"]), getattr(torch, call["state_dtype"])

@@ -19,7 +19,6 @@ import importlib
 import os
 import platform
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
@@ -32,9 +31,8 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
-from nojit.aot.runtimes.cutedsl.compiler import set_arch
 from nojit.aot.runtimes.flashinfer_cute import stand_in
-from nojit.aot.target import TARGET
+from nojit.aot.target import TARGET, check_cute_arch, cute_object, set_cute_arch
 from nojit.aot.vllm_env import PlatformFacts, installed_platform
 from nojit.loader.bundle import fi_cute_key
 from nojit.loader.bundle.canonical import canonical_json
@@ -126,7 +124,7 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
     tables: FlashInferCuteTables | None = model.tables.get(NAME)
     if tables is None or not d.cutedsl:
         return
-    set_arch()
+    set_cute_arch()
     for row in tables.sites:
         if not selection.in_groups(row.groups):
             continue
@@ -144,7 +142,7 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
 
 
 def prepare_worker(settings: WorkerSettings) -> None:
-    set_arch()
+    set_cute_arch()
     os.environ.setdefault("CUTE_DSL_CACHE_DIR", os.path.join(settings.cache_dir, "cutedsl"))
 
 
@@ -160,11 +158,7 @@ class _Caught(Exception):
 
 def compile_key(site: str, call: dict[str, Any], key_json: Any) -> Any:
     """FlashInfer's own cached_compile of `key_json`, reached by `call`: the compiled function (not launched)."""
-    from cutlass.cutlass_dsl.cutlass import CuTeDSL
-
-    if str(CuTeDSL._get_dsl().envar.arch) != TARGET.arch:
-        raise BuildError(f"CuTeDSL targets {CuTeDSL._get_dsl().envar.arch}, the bundle is for {TARGET.arch}",
-                         fix=f"set CUTE_DSL_ARCH={TARGET.arch} before cutlass is imported (the build does this)")
+    check_cute_arch()
     want = canonical_json(key_json)
     caught: dict[str, Any] = {}
 
@@ -193,14 +187,7 @@ def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, se
     inputs = request.compile_inputs
     fn = compile_key(inputs["site"], inputs["call"], request.key)
     symbol = export_symbol(request.key)
-    with tempfile.TemporaryDirectory(prefix="nojit-fi-cute-") as tmp:
-        path = os.path.join(tmp, f"{symbol}.o")
-        fn.export_to_c(path, function_name=symbol)
-        with open(path, "rb") as f:
-            data = f.read()
-    if TARGET.arch.encode() not in data:
-        raise BuildError(f"{kernel_id}: the exported object holds no {TARGET.arch} cubin",
-                         fix=f"CuTeDSL compiled for another arch; set CUTE_DSL_ARCH={TARGET.arch}")
+    data = cute_object(fn, symbol, f"{kernel_id} key {fi_cute_key.key_text(request.key)}")
     return CompileResult(cubin=data, launch=CuteLaunch(symbol, OPTIONS),
                          source_hash=source_hash(kernel.info["sources"]), kernel_info=tool_versions())
 

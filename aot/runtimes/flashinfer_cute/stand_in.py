@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from nojit.aot.errors import BuildError
 from nojit.aot.vllm_env import PlatformFacts
 
 # The FlashInfer modules that ask the device questions, by the names they imported them under.
@@ -52,8 +53,6 @@ def _aligned_empty(original: Any) -> Any:
 
 
 def _device_attribute(cuda_helpers: Any, capability: tuple[int, int]) -> Any:
-    from nojit.aot.errors import BuildError
-
     smem = cuda_helpers.cuda.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
 
     def answer(attribute: Any, device_id: int = 0) -> int:
