@@ -76,6 +76,7 @@ def load_then_mock_launch(self, entry):
 
 
 serving.BundledCompileCache._load = load_then_mock_launch
+preloaded = inst.handles["flashinfer_cute"].preload(0) if mode == "permissive" else None  # the server's preload
 results = []
 for call in calls:
     launched.clear()
@@ -94,7 +95,7 @@ for call in calls:
 
 from flashinfer.gdn_kernels.delta_rule_dsl import custom_compile_cache as ccc  # noqa: E402
 
-print(json.dumps({"results": results, "compiles": compiles, "compile_attempts": list(guards.compile_attempts),
+print(json.dumps({"results": results, "compiles": compiles, "preloaded": preloaded, "compile_attempts": list(guards.compile_attempts),
                   "loaded_types": loaded_types, "cache_is_nojit": isinstance(ccc._in_mem_compile_cache,
                                                                             serving.BundledCompileCache),
                   "counts": {f"{k[0].rpartition(':')[2]}/{k[1]}": v for k, v in inst.policy.counts.items()}}))

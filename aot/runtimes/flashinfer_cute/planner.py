@@ -185,6 +185,10 @@ def compile_key(site: str, call: dict[str, Any], key_json: Any) -> Any:
 def compile_request(request: PlanRequest, kernel_id: str, kernel: PlanKernel, settings: WorkerSettings) -> CompileResult:
     """Runs in a build worker: compile one key through FlashInfer's own path, export it, return the bundle pieces."""
     inputs = request.compile_inputs
+    if not isinstance(inputs.get("site"), str) or not isinstance(inputs.get("call"), dict):
+        raise BuildError(f"{kernel_id} key {fi_cute_key.key_text(request.key)} has no call that reaches it (a key "
+                         "recorded at serve time, or a plan from another nojit)",
+                         fix="build from the deployment: `nojit build --deployment <file> --runtime flashinfer_cute`")
     fn = compile_key(inputs["site"], inputs["call"], request.key)
     symbol = export_symbol(request.key)
     data = cute_object(fn, symbol, f"{kernel_id} key {fi_cute_key.key_text(request.key)}")

@@ -8,7 +8,8 @@ its JSON key (loader/bundle/fi_cute_key.py) and, if bundled, the entry's object 
 `cute.runtime.load_module` (CuTeDSL's reader for what `export_to_c` wrote) and its exported function is
 stored and returned, so FlashInfer's own Python launches the bundled kernel; nothing is compiled. A key the
 bundle lacks goes to the policy: strict raises KernelNotInBundleError naming the key (cute.compile is
-guarded besides), permissive and record let FlashInfer compile it (record writes the key).
+guarded besides), permissive and record let FlashInfer compile it (record writes the key; `--add-keys` cannot build
+it yet, as a recorded key does not say which call reaches it: the deployment's plan does).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ RUNTIME = "flashinfer_cute"
 CACHE_MODULE = "flashinfer.gdn_kernels.delta_rule_dsl.custom_compile_cache"
 SOURCE_PACKAGES = ("flashinfer",)
 MAX_SOURCES = 64
-FIX = ("rebuild the bundle with `nojit build --runtime flashinfer_cute` for this deployment (or record the key: "
-       "NOJIT_MODE=record, then `nojit build --add-keys`); or serve with `--gdn-prefill-backend triton`")
+FIX = ("rebuild the bundle with `nojit build --deployment <this deployment> --runtime flashinfer_cute` (its head counts, "
+       "dtypes and state dtype decide the keys), or serve with `--gdn-prefill-backend triton`; NOJIT_MODE=permissive "
+       "lets FlashInfer compile it")
 
 
 class BundledCompileCache(dict):

@@ -80,6 +80,7 @@ def test_permissive_lets_flashinfer_compile_the_missing_key(gdn_build):
     """The positive control: with strict mode off, the key the strict run refused goes to cute.compile (stopped by
     the probe's counter), while the bundled one is still served."""
     out = _probe(gdn_build["bundle"], "permissive", [NON_CP[0], CP])
+    assert out["preloaded"] == 2 and len(out["loaded_types"]) == 2  # preload loaded both objects, the lookup reused one
     assert [x["kernel"] for x in out["results"][0]["launched"]] == [FULLY_FUSED]
     assert out["results"][1]["raised"] == "WouldCompile" and out["compiles"] == ["CPDeltaRuleTPrecomputeSm90"]
 
