@@ -182,6 +182,8 @@ _RECORDED_PACKAGES: dict[str, tuple[tuple[str, str], ...]] = {
     "cutedsl": (("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"), ("apache-tvm-ffi", "apache-tvm-ffi"),
                 ("quack-kernels", "quack-kernels")),
     "humming": (("humming_version", "humming-kernels"),),
+    "flashinfer_cute": (("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"), ("apache-tvm-ffi", "apache-tvm-ffi"),
+                        ("flashinfer-python", "flashinfer-python")),
 }
 
 
