@@ -27,8 +27,8 @@ IN_STRICT = ("refused: its first compile raises CompileForbiddenError (compiler 
 
 
 # JITs no bundle runtime serves yet, reached by some models only (runtime ""): Qwen3.5 / Qwen3-Next on sm_90 with
-# vLLM 0.33.0 (issue 24). Strict mode refuses Inductor at the runner's registry (loader/inductor.py) and FlashInfer's
-# CuTeDSL prefill is expected to meet strict mode's guards at its first compile (cute.compile; not shown by a test yet).
+# vLLM 0.33.0 (issue 24). Strict mode refuses Inductor at the runner's registry (loader/inductor.py). FlashInfer's
+# CuTeDSL GDN prefill is served by the flashinfer_cute runtime (its face's row).
 MODEL_ONLY_JITS = (
     ProcessJit("Inductor (torch.compile)", "torch._inductor", "",
                "vLLM's default compilation (mode VLLM_COMPILE) for every architecture outside its breakable-CUDA-graph "
@@ -38,11 +38,6 @@ MODEL_ONLY_JITS = (
                        "VLLM_USE_BREAKABLE_CUDAGRAPH", "1"),
                 Switch("--compilation-config '{\"mode\": 0}'", "Inductor (mode NONE)", "as above")),
                "the Inductor-generated Triton kernels: vLLM's AOT compile artifact is made on the target GPU only"),
-    ProcessJit("FlashInfer CuTeDSL GDN prefill (cached_compile)", "flashinfer.gdn_kernels", "",
-               "the gated-delta-rule prefill of Qwen3.5 / Qwen3-Next on sm_90 (delta_rule_sm90.py, vLLM's default)",
-               (Switch("--gdn-prefill-backend triton", "FlashInfer's CuTeDSL prefill",
-                       "FLA's 9 autotuned Triton chunk kernels instead (their configs must be in the bundle)"),),
-               "none with the switch; without it, FlashInfer's in-memory cached_compile cache is not seeded yet"),
 )
 
 

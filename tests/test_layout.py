@@ -306,7 +306,7 @@ def test_the_aot_rules_fail_on_a_back_arrow_a_sibling_import_and_a_cycle(tmp_pat
     assert cycle_in(import_graph("aot", cyclic)) == ["faces", "plan", "faces"]
 
 
-RUNTIME_NAMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming")  # checked against the registry below
+RUNTIME_NAMES = ("triton", "tilelang", "cutedsl", "deepgemm", "flashinfer", "humming", "flashinfer_cute")  # checked against the registry below
 
 
 def _runtime_dispatch(tree: ast.AST, own: str | None = None) -> list[int]:

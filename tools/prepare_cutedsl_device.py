@@ -110,15 +110,15 @@ def copy_reference_sources(out_dir: str) -> dict[str, str]:
     return digests
 
 
-def bundle_entries(bundle_path: str) -> tuple[list[dict], dict[str, str]]:
-    """The CuTeDSL entries (kernel, symbol, blob digest, key) and the tool versions their kernels were built with."""
+def bundle_entries(bundle_path: str, runtime: str = "cutedsl") -> tuple[list[dict], dict[str, str]]:
+    """The entries of `runtime` (kernel, symbol, blob digest, key) and the tool versions their kernels were built with."""
     from nojit.loader.bundle.file import Bundle
 
     b = Bundle.open(bundle_path)
     rows, tools = [], {}
     for e in b.manifest.entries:
         record = b.manifest.kernels[e.kernel]
-        if record.runtime != "cutedsl":
+        if record.runtime != runtime:
             continue
         b.read_blob(e.blob)  # sha256-checked here too: a damaged bundle is not carried
         rows.append({"kernel": e.kernel, "symbol": e.launch.symbol, "blob": e.blob, "key": e.key,

@@ -7,12 +7,13 @@ from collections.abc import Iterator
 
 from nojit.aot.errors import BuildError
 from nojit.aot.faces import Runtime
-from nojit.aot.runtimes import cutedsl, deepgemm, flashinfer, humming, tilelang, triton
+from nojit.aot.runtimes import cutedsl, deepgemm, flashinfer, flashinfer_cute, humming, tilelang, triton
 
 RUNTIMES: dict[str, Runtime] = {
     tilelang.RUNTIME.name: tilelang.RUNTIME,  # first: its slow compiles start first, and vLLM's mHC module imports first
     triton.RUNTIME.name: triton.RUNTIME,
     cutedsl.RUNTIME.name: cutedsl.RUNTIME,  # vLLM's registered CuTeDSL owners (export_to_c objects)
+    flashinfer_cute.RUNTIME.name: flashinfer_cute.RUNTIME,  # FlashInfer's cached_compile keys (GDN prefill), likewise
     deepgemm.RUNTIME.name: deepgemm.RUNTIME,  # nvcc per entry (~40 s each); a rebuild takes them from the cache
     flashinfer.RUNTIME.name: flashinfer.RUNTIME,  # nvcc builds of FlashInfer's JIT modules (FlashInfer's AOT builder)
     humming.RUNTIME.name: humming.RUNTIME,  # Humming's MXFP4 MoE kernels, compiled by Humming's NVRTC child (~7 s each)

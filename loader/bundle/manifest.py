@@ -758,6 +758,17 @@ def _check_cute_key(ef: _Fields, key: Any, launch: CuteLaunch, record: KernelRec
         raise ef._bad("key", f"is not a CuTeDSL key: {exc}") from None
 
 
+def _check_fi_cute_key(ef: _Fields, key: Any, launch: CuteLaunch, record: KernelRecord) -> None:
+    from nojit.loader.bundle.fi_cute_key import kernel_of, validate
+
+    try:
+        validate(key)
+    except ValueError as exc:
+        raise ef._bad("key", f"is not a FlashInfer CuTeDSL cache key: {exc}") from None
+    if kernel_of(key) != record.id:
+        raise ef._bad("key", f"is a key of {kernel_of(key)[:200]}, not of its kernel")
+
+
 def _check_tilelang_key(ef: _Fields, key: Any, launch: TileLangLaunch, record: KernelRecord) -> None:
     from nojit.loader.bundle.tilelang_key import key_from_json
 
@@ -828,6 +839,9 @@ RUNTIMES: dict[str, LaunchRecord] = {
     "cutedsl": LaunchRecord(CuteLaunch.from_json, _check_cute_key, provenance=Provenance(
         "CuTeDSL's compiler", packages=(("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"),
                                         ("apache-tvm-ffi", "apache-tvm-ffi"), ("quack-kernels", "quack-kernels")))),
+    "flashinfer_cute": LaunchRecord(CuteLaunch.from_json, _check_fi_cute_key, provenance=Provenance(  # cached_compile
+        "CuTeDSL's compiler", packages=(("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"), ("apache-tvm-ffi", "apache-tvm-ffi"),
+                                        ("flashinfer-python", "flashinfer-python")))),
     "deepgemm": LaunchRecord(DeepGemmLaunch.from_json, _check_deepgemm_key, provenance=Provenance(
         "DeepGEMM's nvcc", "nvcc_version", producer_compiler="nvcc", vendored_in="vllm")),
     "flashinfer": LaunchRecord(FlashInferLaunch.from_json, _check_flashinfer_key, provenance=Provenance(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from nojit.loader.bundle.manifest import RUNTIMES as MANIFEST_RUNTIMES
 from nojit.loader.bundle.manifest import registered as registered_launch
 from nojit.loader.faces import Runtime
-from nojit.loader.runtimes import cutedsl, deepgemm, flashinfer, humming, tilelang, triton
+from nojit.loader.runtimes import cutedsl, deepgemm, flashinfer, flashinfer_cute, humming, tilelang, triton
 
 RUNTIMES: dict[str, Runtime] = {
     tilelang.RUNTIME.name: tilelang.RUNTIME,  # first: vLLM's mHC module looks for tilelang_jit when imported
@@ -21,6 +21,7 @@ RUNTIMES: dict[str, Runtime] = {
     humming.RUNTIME.name: humming.RUNTIME,  # Humming's cache seeded from the bundle
     triton.RUNTIME.name: triton.RUNTIME,  # a server on each bundled JITFunction
     cutedsl.RUNTIME.name: cutedsl.RUNTIME,  # each owner's compile answered from the bundle
+    flashinfer_cute.RUNTIME.name: flashinfer_cute.RUNTIME,  # FlashInfer's cached_compile lookups answered from the bundle
     deepgemm.RUNTIME.name: deepgemm.RUNTIME,  # last: after firewall.activate, DeepGEMM's probe answered
 }
 

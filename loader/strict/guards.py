@@ -282,13 +282,19 @@ def refuse_triton_compile(args: tuple) -> CompileForbiddenError:
     return _forbid(f"triton.compile was called for {name}")
 
 
-def _guard_cute() -> None:
-    cute = sys.modules["cutlass.cute"]
+class _NoCuteCompile:
+    """Stands in for `cutlass.cute.compile`, called directly or with options (`cute.compile[options](...)`, as
+    FlashInfer's cached_compile calls it): either way the call raises CompileForbiddenError."""
 
-    def no_compile(*args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise _forbid("CuTeDSL (cutlass.cute.compile) was about to compile a kernel")
 
-    _patch(cute, "compile", no_compile)
+    def __getitem__(self, options: Any) -> _NoCuteCompile:
+        return self
+
+
+def _guard_cute() -> None:
+    _patch(sys.modules["cutlass.cute"], "compile", _NoCuteCompile())
 
 
 def _guard_humming() -> None:

@@ -45,6 +45,11 @@
 #            against CuTeDSL's C runtime and TVM-FFI (the wheel of .device-cu installed into a temporary target), loaded with
 #            tvm_ffi, called as vLLM calls it vs vLLM's Triton paths / float64 references, 0 processes, 0 compiles
 #            (tests/gpu/checks/check_cutedsl_launch.py); needs .device-cu carried (`python tools/prepare_cutedsl_device.py`)
+#   gdn      FlashInfer's sm_90 GDN prefill (Qwen3.5, runtime flashinfer_cute) from .device-gdn/gdn.nojit: each fused-prefill
+#            export_to_c object linked here with g++ against CuTeDSL's C runtime and TVM-FFI, loaded with tvm_ffi, called
+#            with FlashInfer's launcher arguments vs a float64 gated delta rule (3 and 5 sequences, checkpoints every 64),
+#            outputs NaN-poisoned, 0 processes (tests/gpu/checks/check_gdn_prefill.py); needs .device-gdn carried
+#            (`python tools/prepare_gdn_device.py`); FlashInfer's own Python cannot be carried (nvidia-cutlass-dsl)
 #   one      one strict process, every runtime of one bundle (tests/gpu/checks/check_one_process.py; issue 23): the Triton
 #            entries built here from the plan and merged with .device-one/rest.nojit, the JIT reference of vLLM's call
 #            sites (an empty Triton cache: the Triton JIT's time), CuTeDSL's objects linked here (harness, before), then
@@ -280,6 +285,13 @@ print('autotuned kernels in the deployment plan:', len(a), a)"
         --dir .device-cu --json "$OUT/check_cutedsl_launch.json" 2>&1 | tail -50 || rc=1
       [ -f "$OUT/cutedsl.strace" ] && echo "processes started during the CuTeDSL calls (execve between the check's markers):" \
         "$(awk '/nojit-cutedsl-calls-begin/{on=1} /nojit-cutedsl-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/cutedsl.strace")"
+      ;;
+    gdn)  # .device-gdn from tools/prepare_gdn_device.py on the CPU box
+      rm -rf /tmp/gdn-site
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/gdn-site \
+        .device-gdn/wheels/apache_tvm_ffi-*.whl || rc=1
+      PYTHONPATH=/tmp/gdn-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/checks/check_gdn_prefill.py \
+        --dir .device-gdn --json "$OUT/check_gdn_prefill.json" 2>&1 | tail -30 || rc=1
       ;;
     one)  # this copy is OUT/repo of tools/prepare_one_device.py
       S=/tmp/one-site; rm -rf $S && mkdir -p $S

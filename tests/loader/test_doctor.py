@@ -33,6 +33,8 @@ def _records() -> list[KernelRecord]:
                                    "nvcc_flags": ["-gencode", "arch=compute_90a,code=sm_90a"]},
         "deepgemm": {"nvcc_version": "13.0.88"},
         "cutedsl": {d: installed_version(d) for d in ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels")},
+        "flashinfer_cute": {d: installed_version(d) for d in ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels",
+                                                               "flashinfer-python")},
         "flashinfer": {"flashinfer_version": installed_version("flashinfer-python"), "cuda_arch": "sm90a",
                        "nvcc": "Cuda compilation tools, release 13.0, V13.0.88"},
         "humming": {"humming_version": installed_version("humming-kernels"),

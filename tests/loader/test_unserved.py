@@ -22,7 +22,7 @@ def test_a_triton_only_bundle_names_each_reachable_jit_it_lacks(monkeypatch):
     monkeypatch.setattr(unserved, "_reachable", lambda jit: jit.runtime != "humming")  # Humming not installed here
     lines = unserved.report(frozenset({"triton"}))
     missing = {j.runtime for j in unserved.unserved(frozenset({"triton"}))}
-    assert missing == {"tilelang", "deepgemm", "cutedsl", "flashinfer"}
+    assert missing == {"tilelang", "deepgemm", "cutedsl", "flashinfer", "flashinfer_cute"}
     assert len(lines) == 1 + len(missing)
     deepgemm = next(line for line in lines if "DeepGEMM" in line)
     assert "no deepgemm entries" in deepgemm and "no switch:" in deepgemm and "--runtime deepgemm" in deepgemm
@@ -33,5 +33,13 @@ def test_a_triton_only_bundle_names_each_reachable_jit_it_lacks(monkeypatch):
 def test_flashinfer_switches_are_read_from_the_environment(monkeypatch, value, said):
     monkeypatch.setattr(unserved, "_reachable", lambda jit: True)
     monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", value)
-    line = next(line for line in unserved.report(frozenset({"triton"})) if "FlashInfer" in line)
+    line = next(line for line in unserved.report(frozenset({"triton"})) if "FlashInfer JIT" in line)
     assert said in line and "VLLM_USE_FLASHINFER_SAMPLER=0" in line.split(said)[1]
+
+
+def test_flashinfer_cute_row_names_the_gdn_switch(monkeypatch):
+    """FlashInfer's CuTeDSL GDN prefill is a runtime's row now (flashinfer_cute), with vLLM's switch away from it."""
+    monkeypatch.setattr(unserved, "_reachable", lambda jit: True)
+    line = next(line for line in unserved.report(frozenset({"triton"})) if "FlashInfer CuTeDSL cache" in line)
+    assert "GDN prefill" in line and "--runtime flashinfer_cute" in line
+    assert not any(j.name.startswith("FlashInfer CuTeDSL GDN") for j in unserved.MODEL_ONLY_JITS)

@@ -135,6 +135,6 @@ os.access(f"{marker}-END", os.F_OK)
 print(json.dumps({
     "kernels": found, "entries": sum(len(v) for v in found.values()), "install_s": round(t_install, 3),
     "load_s": round(t_load, 3), "compile_attempts": list(guards.compile_attempts),
-    "cute_compile_guarded": getattr(cute.compile, "__qualname__", "").startswith("_guard_cute"),
+    "cute_compile_guarded": type(cute.compile).__name__ == "_NoCuteCompile",  # strict mode's guard (guards.py)
     "processes": events, "missing": missing, "registry": registry_report, "firewall": os.environ.get("NOJIT_FIREWALL_DIR"),
 }))

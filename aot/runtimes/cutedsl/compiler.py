@@ -5,39 +5,23 @@ The owner's own `compile(key)` runs (vLLM's `compile_cutedsl`: `cute.compile(ker
 one vLLM would put into `_compiled_cache[key]`; CuTeDSL's own AOT path then writes it as an
 object file (`export_to_c`: host code and the embedded cubin), which the loader reads back with
 `cute.runtime.load_module`. No GPU is needed: CuTeDSL compiles for the arch it is told
-(`CUTE_DSL_ARCH`), and without one it would guess sm_100a, so the arch is set before cutlass is
-imported and checked again before every compile.
+(`CUTE_DSL_ARCH`, aot/target.py), and without one it would guess sm_100a, so the arch is set before cutlass
+is imported and checked again before every compile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 from nojit.aot.errors import BuildError
-from nojit.aot.target import TARGET
+from nojit.aot.target import check_cute_arch, cute_object, set_cute_arch
 from nojit.loader.bundle.canonical import canonical_json
 from nojit.loader.bundle.cutedsl_key import cache_slot, key_from_json
 
-ARCH_VAR = "CUTE_DSL_ARCH"
-
-
-def set_arch() -> None:
-    """Before cutlass is imported: CuTeDSL reads its target from CUTE_DSL_ARCH (base_dsl/env_manager.py)."""
-    os.environ[ARCH_VAR] = TARGET.arch
-
-
-def _check_arch() -> None:
-    from cutlass.cutlass_dsl.cutlass import CuTeDSL
-
-    arch = str(CuTeDSL._get_dsl().envar.arch)
-    if arch != TARGET.arch:
-        raise BuildError(f"CuTeDSL targets {arch}, the bundle is for {TARGET.arch}",
-                         fix=f"set {ARCH_VAR}={TARGET.arch} before cutlass is imported (the build does this)")
+set_arch = set_cute_arch  # before cutlass is imported (aot/target.py)
 
 
 @contextlib.contextmanager
@@ -72,7 +56,7 @@ def compile_and_export(owner: Any, kernel_id: str, key_json: Any) -> tuple[bytes
     """(object file bytes, exported symbol, compile options) of one key."""
     from vllm.model_executor.warmup.jit_warmup_cutedsl_helper import DEFAULT_CUTEDSL_COMPILE_OPTIONS
 
-    _check_arch()
+    check_cute_arch()
     key = key_from_json(key_json, key_class(owner))
     cache, slot = cache_slot(owner, key)
     cache.pop(slot, None)
@@ -83,12 +67,4 @@ def compile_and_export(owner: Any, kernel_id: str, key_json: Any) -> tuple[bytes
         raise BuildError(f"{kernel_id}.compile({key!r}) left no exportable executor in _compiled_cache",
                          fix="this vLLM's CuTeDSL owner differs from 0.33.0's; report it to nojit")
     symbol = export_symbol(kernel_id, key_json)
-    with tempfile.TemporaryDirectory(prefix="nojit-cute-") as tmp:
-        path = os.path.join(tmp, f"{symbol}.o")
-        executor.export_to_c(path, function_name=symbol)
-        with open(path, "rb") as f:
-            data = f.read()
-    if TARGET.arch.encode() not in data:
-        raise BuildError(f"{kernel_id} key {key!r}: the exported object holds no {TARGET.arch} cubin",
-                         fix=f"CuTeDSL compiled for another arch; set {ARCH_VAR}={TARGET.arch}")
-    return data, symbol, DEFAULT_CUTEDSL_COMPILE_OPTIONS
+    return cute_object(executor, symbol, f"{kernel_id} key {key!r}"), symbol, DEFAULT_CUTEDSL_COMPILE_OPTIONS

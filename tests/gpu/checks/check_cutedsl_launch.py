@@ -119,8 +119,9 @@ def unpack_runtime(d: str, manifest: dict, work: str) -> str:
     return libdir
 
 
-def link_and_load(d: str, manifest: dict, work: str) -> tuple[list[dict], dict[str, Any]]:
-    """Each CuTeDSL entry: object read through nojit's reader (it checks the sha256), linked, loaded."""
+def link_and_load(d: str, manifest: dict, work: str, runtime: str = "cutedsl") -> tuple[list[dict], dict[str, Any]]:
+    """Each entry of `runtime` (CuTeDSL objects: cutedsl, flashinfer_cute): object read through nojit's reader (it
+    checks the sha256), linked, loaded."""
     import tvm_ffi
     from nojit.loader.bundle.file import Bundle
 
@@ -133,7 +134,7 @@ def link_and_load(d: str, manifest: dict, work: str) -> tuple[list[dict], dict[s
     b = Bundle.open(bundle_path)
     entries, fns = [], {}
     for e in b.manifest.entries:
-        if b.manifest.kernels[e.kernel].runtime != "cutedsl":
+        if b.manifest.kernels[e.kernel].runtime != runtime:
             continue
         obj = b.read_blob(e.blob)  # nojit's reader: sha256-checked against the manifest's digest
         if obj[:4] != b"\x7fELF" or obj[16:18] != b"\x01\x00":  # what g++ links below: an ELF relocatable object
@@ -155,7 +156,7 @@ def link_and_load(d: str, manifest: dict, work: str) -> tuple[list[dict], dict[s
                         "key": e.key, "blob": e.blob, "object_bytes": len(obj),
                         "link_ms": round((time.perf_counter() - t0) * 1e3, 1)})
     if not entries:
-        raise SystemExit(f"{bundle_path} holds no CuTeDSL entries")
+        raise SystemExit(f"{bundle_path} holds no {runtime} entries")
     return entries, fns
 
 

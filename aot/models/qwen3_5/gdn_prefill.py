@@ -1,0 +1,69 @@
+"""The GDN layers' FlashInfer prefill (the sm_90 default, `ChunkGatedDeltaRule.forward_cuda`), through vLLM's
+own `fi_chunk_gated_delta_rule`, per prefill chunk shape.
+
+vLLM 0.33.0 reaches FlashInfer's CuTeDSL kernels from two call sites of `_forward_core`
+(gdn/qwen_gdn_linear_attn.py): the prefill without checkpoints (:1823, through `forward_cuda`) and, in
+prefix caching's "align" mode (which the room's block size assumes, config.py), the prefill that emits
+mid-prefill states (:1846, `state_checkpoints` [n, hv, v, k] fp32 from `_checkpoint_buffer_spec` :763,
+`checkpoint_cu_starts` int64 from the metadata builder's plan, every_n_tokens a multiple of the block).
+Its startup warmup (`_warmup_flashinfer_prefill_variants`, :1449) asks for the same variants. q, k, v,
+g and beta are `fused_post_conv_prep`'s outputs ([T, heads, dim] in the model dtype, g and beta fp32,
+unsqueezed), the initial state is `ssm_state[prefill_state_indices]` (a contiguous copy in the state dtype)
+and cu_seqlens the int32 query start locations. FlashInfer then chooses the kernels itself: its CP route
+(four kernels) when sequences x value heads are few for the device (should_use_cp_host), else one.
+
+Each call is plain JSON (the layer facts it needs with it), so a build worker can make it again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nojit.aot.deployment import Deployment
+from nojit.aot.models.qwen3_5.call_sites import token_counts
+from nojit.aot.models.qwen3_5.config import gdn_facts
+from nojit.aot.vllm_env import import_kernel_module
+
+SITE = "nojit.aot.models.qwen3_5.gdn_prefill:prefill"
+GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+SEQS = (1, 2, 3)  # FlashInfer's CP choice turns on the sequence count (H200, 32 heads: CP for 1 and 2)
+
+
+def calls(d: Deployment) -> list[dict[str, Any]]:
+    """One call per (tokens, sequences, checkpoints): token counts as the room's other sites, 1-3 sequences
+    and the most the chunk holds; checkpoints every block where the chunk spans one."""
+    f = gdn_facts(d)
+    layer = {"h": f.h, "hv": f.hv, "k": f.k, "v": f.v, "dtype": d.dtype,
+             "state_dtype": str(f.state_dtype).removeprefix("torch.")}
+    out = []
+    for t in token_counts(d):
+        for n in sorted({s for s in (*SEQS, min(t, d.max_num_seqs)) if s <= t}):
+            for every in (0, f.block_size) if t >= f.block_size else (0,):
+                out.append({**layer, "tokens": t, "seqs": n, "checkpoint_every": every})
+    return out
+
+
+def prefill(call: dict[str, Any], device: torch.device) -> None:
+    """vLLM's fi_chunk_gated_delta_rule as `_forward_core` calls it (:1823 / :1846)."""
+    gdn = import_kernel_module(GDN)
+    t, n, h, hv, k, v = (call[x] for x in ("tokens", "seqs", "h", "hv", "k", "v"))
+    dtype, state_dtype = getattr(torch, call["dtype"]), getattr(torch, call["state_dtype"])
+    q, key = (torch.empty((t, h, k), dtype=dtype, device=device).unsqueeze(0) for _ in range(2))
+    value = torch.empty((t, hv, v), dtype=dtype, device=device).unsqueeze(0)
+    g, beta = (torch.empty((t, hv), dtype=torch.float32, device=device).unsqueeze(0) for _ in range(2))
+    initial_state = torch.empty((n, hv, v, k), dtype=state_dtype, device=device)
+    cu_seqlens = torch.tensor([t * i // n for i in range(n + 1)], dtype=torch.int32, device=device)
+    every = call["checkpoint_every"]
+    kwargs: dict[str, Any] = {}
+    if every:
+        per_seq = [(t * (i + 1) // n - t * i // n) // every for i in range(n)]
+        starts = [sum(per_seq[:i]) for i in range(n + 1)]
+        kwargs = {"state_checkpoints": torch.empty((max(starts[-1], 1), hv, v, k), dtype=torch.float32,
+                                                   device=device)[: starts[-1]],
+                  "checkpoint_cu_starts": torch.tensor(starts, dtype=torch.int64, device=device),
+                  "checkpoint_every_n_tokens": every}
+    gdn.fi_chunk_gated_delta_rule(q=q, k=key, v=value, g=g, beta=beta, initial_state=initial_state,
+                                  output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=False,
+                                  **kwargs)
