@@ -24,6 +24,7 @@ TOOL_FACTS: dict[str, tuple[str, ...]] = {
     "triton": ("triton",),  # compiled the Triton cubins (their launch ABI, their key rules)
     "tilelang": ("tilelang",),  # compiled the TileLang cubins (compared where it is installed)
     "cutedsl": ("nvidia-cutlass-dsl", "apache-tvm-ffi", "quack-kernels"),  # wrote and traced the CuTeDSL objects, loads them
+    "flashinfer_cute": ("nvidia-cutlass-dsl", "apache-tvm-ffi", "flashinfer-python"),  # traced and wrote FlashInfer's CuTeDSL kernels (their wrappers are FlashInfer's), loads them
     "arch": (),  # the GPU's compute capability
     "source": (),  # a kernel's source hash
 }

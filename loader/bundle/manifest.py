@@ -28,6 +28,7 @@ from nojit.loader.bundle.records.humming import HummingLaunch
 from nojit.loader.bundle.canonical import canonical_json
 from nojit.loader.bundle.provenance import Provenance
 from nojit.loader.errors import BundleCorruptError
+from nojit.loader.settings import TOOL_FACTS
 
 FORMAT_VERSION = 2  # 2: index + per-kernel entry sections (1: one manifest JSON)
 VARIANTS = ("exact", "generic")
@@ -837,11 +838,9 @@ RUNTIMES: dict[str, LaunchRecord] = {
         "TileLang's nvcc", "nvcc_version", arch_fields=("nvcc_flags",), producer_version="tilelang",
         optional_install=True)),
     "cutedsl": LaunchRecord(CuteLaunch.from_json, _check_cute_key, provenance=Provenance(
-        "CuTeDSL's compiler", packages=(("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"),
-                                        ("apache-tvm-ffi", "apache-tvm-ffi"), ("quack-kernels", "quack-kernels")))),
+        "CuTeDSL's compiler", packages=tuple((tool, tool) for tool in TOOL_FACTS["cutedsl"]))),
     "flashinfer_cute": LaunchRecord(CuteLaunch.from_json, _check_fi_cute_key, provenance=Provenance(  # cached_compile
-        "CuTeDSL's compiler", packages=(("nvidia-cutlass-dsl", "nvidia-cutlass-dsl"), ("apache-tvm-ffi", "apache-tvm-ffi"),
-                                        ("flashinfer-python", "flashinfer-python")))),
+        "CuTeDSL's compiler", packages=tuple((tool, tool) for tool in TOOL_FACTS["flashinfer_cute"]))),
     "deepgemm": LaunchRecord(DeepGemmLaunch.from_json, _check_deepgemm_key, provenance=Provenance(
         "DeepGEMM's nvcc", "nvcc_version", producer_compiler="nvcc", vendored_in="vllm")),
     "flashinfer": LaunchRecord(FlashInferLaunch.from_json, _check_flashinfer_key, provenance=Provenance(

@@ -287,7 +287,8 @@ def cached_plan(comp: compilers_mod.Compilers, roots: list[str], extra: list[str
     if cached is not None and cached.get("key") == key:
         p = Plan(**{f: cached[f] for f in _PLAN_FIELDS})
         stats = _still(p)
-        if stats is not None and _could_be_planned(comp, p, [*roots, *extra], stats):
+        if stats is not None and _could_be_planned(comp, p, [*roots, *extra], stats) and _every_entry_ruled(p):
+            p.refused_compilers = _refused(comp, p, stats)
             p.from_cache = True
             return _with_files(comp, p, files)
     p = plan(comp, roots, extra)
@@ -335,6 +336,34 @@ def _could_be_planned(comp: compilers_mod.Compilers, p: Plan, tops: list[str],
         return all(under(f) and not comp.is_compiler(f, stats.get(f)) for f in p.files)
     except OSError:
         return False
+
+
+def _every_entry_ruled(p: Plan) -> bool:
+    """Whether every file and folder in each folder the plan listed was ruled on (allowed, refused or unsafe). The
+    folders' stamps say their entries did not change since planning; this says the cached plan still names them
+    all: a process of this user that deleted a compiler copy's entry from exec-plan.json would otherwise leave that
+    copy readable (and so runnable through ld.so or a memfd) in the next start. Names only: no stat per entry."""
+    known = {*p.file_stats, *p.listed, *(u.partition(" (")[0] for u in p.unsafe)}
+    try:
+        for folder in p.listed:
+            with os.scandir(folder) as entries:
+                for e in entries:
+                    if e.path not in known and (e.is_file(follow_symlinks=False) or e.is_dir(follow_symlinks=False)):
+                        return False
+    except OSError:
+        return False
+    return True
+
+
+def _refused(comp: compilers_mod.Compilers, p: Plan, stats: dict[str, os.stat_result]) -> list[str]:
+    """The compilers among the files the plan ruled on, found again from the files (never read from the cache, whose
+    list a process of this user can shorten): every file ruled on that is neither allowed nor unsafe."""
+    ruled_out = {*p.files, *p.folders, *p.listed, *(u.partition(" (")[0] for u in p.unsafe)}
+    refused = []
+    for path, st in stats.items():
+        if path not in ruled_out and stat.S_ISREG(st.st_mode) and comp.is_compiler(path, st):
+            refused.append(path)
+    return refused
 
 
 def _still(p: Plan) -> dict[str, os.stat_result] | None:

@@ -117,7 +117,7 @@ def source_hash(modules: list[str]) -> str:
 
 
 def tool_versions() -> dict[str, str]:
-    return {tool: package_version(tool) for tool in (*TOOL_FACTS["cutedsl"], "flashinfer-python")}
+    return {tool: package_version(tool) for tool in TOOL_FACTS[NAME]}
 
 
 def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:

@@ -120,6 +120,9 @@ def _sources(record: KernelRecord, bundle_path: str) -> list[tuple[str, str]]:
         raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path}: its source list {str(names)[:200]} "
                                   f"is not a list of at most {MAX_SOURCES} FlashInfer modules",
                                   fix="rebuild the bundle with `nojit build`")
+    if names[0] != record.id.partition(":")[0]:  # the hash must cover the kernel class's own module, first
+        raise BundleMismatchError(f"kernel {record.id} in bundle {bundle_path}: its source list starts with "
+                                  f"{names[0][:200]!r}, not the kernel's own module", fix="rebuild the bundle with `nojit build`")
     return [(n, module_file(f"kernel {record.id} in bundle {bundle_path}: source", n, SOURCE_PACKAGES)) for n in names]
 
 
@@ -129,8 +132,8 @@ def install(bundle: Bundle, kernel_ids: list[str], policy: ServingPolicy, allow:
     entries: dict[bytes, tuple[str, Entry]] = {}
     for kid in kernel_ids:
         record = bundle.index.kernels[kid]
-        built = {tool: record.info.get(tool) for tool in TOOL_FACTS["cutedsl"]}
-        check_tool_versions("cutedsl", built, f"kernel {kid}", bundle.path, allow)
+        built = {tool: record.info.get(tool) for tool in TOOL_FACTS["flashinfer_cute"]}
+        check_tool_versions("flashinfer_cute", built, f"kernel {kid}", bundle.path, allow)
         check_source(kid, record.source_hash, source_hash_of_files(_sources(record, bundle.path)), bundle.path, allow)
         for e in bundle.entries(kid):
             entries[canonical_json(e.key)] = (kid, e)

@@ -234,6 +234,44 @@ def test_cached_plan_is_redone_when_a_listed_folder_changes(tmp_path):
     assert not replaced.from_cache and str(allowed / "tool") in replaced.refused_compilers
 
 
+def test_a_cached_plan_that_lost_a_compiler_copy_still_makes_it_unreadable(tmp_path, monkeypatch):
+    """Attack (session 9's review): a process of this user shortens exec-plan.json's refused_compilers (and the
+    copy's stamp) to drop a renamed gcc copy; every stamp still matches, so the next start reused the plan and left
+    the copy readable (ld.so or a memfd runs a readable compiler). Now the refused list is found again from the
+    files and a listed folder's entry missing from the plan means planning again. Control: with the cache's list
+    trusted as written, the copy is missing from it."""
+    if not HAVE_GCC:
+        pytest.skip("gcc is needed")
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    shutil.copy(os.path.realpath("/bin/true"), allowed / "tool")
+    shutil.copy(os.path.realpath("/usr/bin/gcc"), allowed / "notes")
+    copy = str(allowed / "notes")
+    first = landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache))
+    assert copy in first.refused_compilers and copy not in first.files
+    data = json.loads((cache / "exec-plan.json").read_text())
+    dropped = {**data, "refused_compilers": []}
+    forgotten = {**dropped, "file_stats": {k: v for k, v in data["file_stats"].items() if k != copy}}
+    for tampered in (dropped, forgotten):
+        (cache / "exec-plan.json").write_text(json.dumps(tampered))
+        again = landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache))
+        assert copy in again.refused_compilers and copy not in again.files, tampered
+    (cache / "exec-plan.json").write_text(json.dumps(dropped))
+    with monkeypatch.context() as m:  # control: the defence off, the cache's list as written
+        m.setattr(landlock, "_refused", lambda comp, p, stats: p.refused_compilers)
+        trusted = landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache))
+    assert trusted.from_cache and copy not in trusted.refused_compilers
+    (cache / "exec-plan.json").write_text(json.dumps(forgotten))
+    with monkeypatch.context() as m:
+        m.setattr(landlock, "_every_entry_ruled", lambda p: True)
+        trusted = landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache))
+    assert trusted.from_cache and copy not in trusted.refused_compilers
+    (cache / "exec-plan.json").write_text(json.dumps(data))
+    assert landlock.cached_plan(compilers.find(), [], [str(allowed)], [], str(cache)).from_cache  # untouched: reused
+
+
 def test_a_rewritten_compiler_list_cannot_widen_the_allow_list(tmp_path):
     """Attack (sessions 7-8 read <runtime dir>/compilers.json as it was): a process of this user drops cc1's folder
     from the list. Control: a plan built on that list gives cc1 a whole-tree exec rule (it would run). Now the list

@@ -101,3 +101,49 @@ def test_strict_guard_refuses_cute_compile_with_options():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert "REFUSED strict mode: CuTeDSL (cutlass.cute.compile)" in p.stdout, p.stderr[-2000:]
+
+
+def test_install_refuses_a_record_made_with_other_tools_other_sources_or_a_list_without_its_own_module(gdn_build,
+                                                                                                    monkeypatch):
+    """The record's checks before anything of it is served (session 9's review: removing them passed every test).
+    Each tampered record is refused with BundleMismatchError naming what differs; the record as built installs
+    (control). FlashInfer's cache module is a stand-in here: only the checks are under test."""
+    import dataclasses
+    import types
+    from types import SimpleNamespace
+
+    from nojit.loader.bundle.file import Bundle
+    from nojit.loader.errors import BundleMismatchError
+    from nojit.loader.policy import ServingPolicy
+    from nojit.loader.runtimes.flashinfer_cute import serving
+    from nojit.loader.settings import Mode
+
+    stand_in = types.ModuleType("nojit_test_fi_cache")
+    stand_in._in_mem_compile_cache = {}
+    monkeypatch.setitem(sys.modules, stand_in.__name__, stand_in)
+    monkeypatch.setattr(serving, "CACHE_MODULE", stand_in.__name__)
+    b = Bundle.open(gdn_build["bundle"])
+    kid = next(k for k, r in b.index.kernels.items() if r.runtime == "flashinfer_cute")
+    record = b.index.kernels[kid]
+    sources = record.info["sources"]
+
+    def install_with(rec):
+        fake = SimpleNamespace(path=b.path, index=SimpleNamespace(kernels={kid: rec}), entries=lambda k: ())
+        return serving.install(fake, [kid], ServingPolicy(Mode.STRICT, b.path), frozenset())
+
+    tampered = {
+        "flashinfer-python 0.0.1": dataclasses.replace(record, info={**record.info, "flashinfer-python": "0.0.1"}),
+        "nvidia-cutlass-dsl 0.0.1": dataclasses.replace(record, info={**record.info, "nvidia-cutlass-dsl": "0.0.1"}),
+        "source changed": dataclasses.replace(record, source_hash="0" * 64),
+        "not the kernel's own module": dataclasses.replace(record, info={**record.info,
+                                                                        "sources": [*sources[1:], sources[0]]}),
+    }
+    for words, rec in tampered.items():
+        with pytest.raises(BundleMismatchError) as e:
+            install_with(rec)
+        assert words in e.value.message, (words, e.value.message)
+    cache = install_with(record)  # control: the record as built passes every check
+    assert stand_in._in_mem_compile_cache is cache
+    serving.uninstall(cache)
+    assert stand_in._in_mem_compile_cache == {}
+    b.close()
