@@ -152,3 +152,29 @@ def test_cli_json_on_this_box(tmp_path, machine):
     assert p.returncode == data["exit_code"] and data["bundle"].endswith("b.nojit")
     gpu = [f for f in data["findings"] if f["area"] in ("GPU", "architecture")]
     assert gpu and all(f["fix"] or f["status"] == OK for f in data["findings"] if f["status"] == FAIL)
+
+
+def test_each_runtimes_recorded_packages_and_libraries_are_compared(tmp_path, machine):
+    """Every package a runtime's provenance names (loader/bundle/provenance.py), recorded at another version, is a
+    FAIL naming the runtime and the package; so is Humming's NVRTC and DeepGEMM's vLLM (session 9's review: with
+    only vLLM and Triton tested, emptying a runtime's provenance passed the suite). Control: test_healthy_machine."""
+    from nojit.loader.bundle.manifest import RUNTIMES
+
+    records = []
+    for r in _records():
+        packages = RUNTIMES[r.runtime].provenance.packages
+        info = {**r.info, **{field: "0.0.1" for field, _dist in packages}}
+        if RUNTIMES[r.runtime].provenance.library:
+            info[RUNTIMES[r.runtime].provenance.library[0]] = "nvrtc+11.1"
+        records.append(replace(r, info=info))
+    report = diagnose(_bundle(tmp_path / "b.nojit", records, vllm="0.32.0"))
+    failing = [f.what for f in _failing(report)]
+    for r in records:
+        p = RUNTIMES[r.runtime].provenance
+        for _field, dist in p.packages:
+            assert any(w.startswith(f"{r.runtime}: bundle built with {dist} 0.0.1") for w in failing), (r.runtime, dist)
+        if p.library:
+            assert any(w.startswith(f"{r.runtime}'s kernels were built with nvrtc+11.1") for w in failing), failing
+        if p.vendored_in:
+            assert any(w.startswith(f"{r.runtime}: vendored in vllm 0.32.0") for w in failing), failing
+    assert {r.runtime for r in records if RUNTIMES[r.runtime].provenance.packages} >= {"cutedsl", "flashinfer", "humming"}
