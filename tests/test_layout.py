@@ -360,6 +360,37 @@ def test_every_serving_runtime_has_a_launch_record_a_build_face_and_real_guards(
         assert set(runtime.guards) <= set(guards._LIBRARY_GUARDS), runtime.name
 
 
+def wheel_packages_missing(root: str = ROOT) -> list[str]:
+    """Every package folder of both sides (an __init__.py) that pyproject.toml's package list leaves out of the wheel."""
+    import tomllib
+
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    missing = []
+    for side in ("aot", "loader"):
+        for folder, _dirs, files in os.walk(os.path.join(root, side)):
+            if "__init__.py" in files and "__pycache__" not in folder:
+                name = "nojit." + os.path.relpath(folder, root).replace(os.sep, ".")
+                if name not in listed:
+                    missing.append(name)
+    return sorted(missing)
+
+
+def test_every_room_is_in_the_wheel(tmp_path):
+    """A room left out of pyproject.toml's package list is missing from the wheel: the serving process then fails at
+    import (session 9: flashinfer_cute and the Qwen room were, and only the offline-install test saw it). Control: a
+    scratch copy with one more room is named."""
+    assert wheel_packages_missing() == []
+    scratch = tmp_path / "repo"
+    (scratch / "loader" / "runtimes" / "newroom").mkdir(parents=True)
+    (scratch / "loader" / "runtimes" / "newroom" / "__init__.py").write_text("")
+    (scratch / "aot").mkdir()
+    import shutil
+
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), scratch / "pyproject.toml")
+    assert "nojit.loader.runtimes.newroom" in wheel_packages_missing(str(scratch))
+
+
 if __name__ == "__main__":  # print both sides' import graphs, by layer, and what breaks their rules (exit 1)
     failed = False
     for side, layers in (("aot", AOT_LAYERS), ("loader", LOADER_LAYERS)):
