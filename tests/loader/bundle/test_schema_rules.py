@@ -344,7 +344,7 @@ def test_allow_mismatch_words(monkeypatch):
     assert s.allow_mismatch == frozenset({"triton", "source"})
     for bad in ("all", "triton,everything", "*"):
         monkeypatch.setenv("NOJIT_ALLOW_MISMATCH", bad)
-        with pytest.raises(NoJitError, match="is not one of vllm, triton, tilelang, cutedsl, arch, source") as info:
+        with pytest.raises(NoJitError, match="is not one of vllm, triton, tilelang, cutedsl, flashinfer_cute, arch, source") as info:
             s.allow_mismatch
         assert "there is no 'all'" in info.value.fix
     monkeypatch.setenv("NOJIT_ALLOW_MISMATCH", "")
