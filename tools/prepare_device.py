@@ -119,15 +119,16 @@ VLLM_TILELANG_FILES = (
 )
 
 
-def copy_vllm_tilelang_sources(out_dir: str) -> int:
-    """Copy VLLM_TILELANG_FILES from the installed vLLM to out_dir/vllm/..., with their digests."""
+def copy_vllm_sources(files: list[str], out_dir: str) -> int:
+    """Copy `files` (relative to vllm/) from the installed vLLM to out_dir/vllm/..., with their digests in
+    out_dir/SOURCES.json (verbatim copies for the device, in an ignored folder)."""
     import vllm
 
     pkg = os.path.dirname(os.path.abspath(vllm.__file__))
     if os.path.isdir(out_dir):
         shutil.rmtree(out_dir)
     digests = {}
-    for rel in VLLM_TILELANG_FILES:
+    for rel in sorted(set(files)):
         target = os.path.join(out_dir, "vllm", rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(pkg, rel), target)
@@ -136,6 +137,11 @@ def copy_vllm_tilelang_sources(out_dir: str) -> int:
     with open(os.path.join(out_dir, "SOURCES.json"), "w") as f:
         json.dump({"vllm": vllm.__version__, "files": digests}, f, indent=1, sort_keys=True)
     return len(digests)
+
+
+def copy_vllm_tilelang_sources(out_dir: str) -> int:
+    """Copy VLLM_TILELANG_FILES from the installed vLLM to out_dir/vllm/..., with their digests."""
+    return copy_vllm_sources(list(VLLM_TILELANG_FILES), out_dir)
 
 
 def copy_vllm_call_site_sources(out_dir: str, check: str = "check_call_sites.py") -> int:

@@ -25,7 +25,6 @@ and prints the size of what travels (the device tool's limit: 64 MiB with the tr
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -108,21 +107,6 @@ def listed(args: list[str], site: str) -> list[str]:
     return json.loads(p.stdout.strip().splitlines()[-1])["files"]
 
 
-def copy_sources(files: list[str], pkg: str, out_dir: str, version: str) -> int:
-    if os.path.isdir(out_dir):
-        shutil.rmtree(out_dir)
-    digests = {}
-    for rel in sorted(set(files)):
-        target = os.path.join(out_dir, "vllm", rel)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copyfile(os.path.join(pkg, rel), target)
-        with open(target, "rb") as f:
-            digests[rel] = hashlib.sha256(f.read()).hexdigest()
-    with open(os.path.join(out_dir, "SOURCES.json"), "w") as f:
-        json.dump({"vllm": version, "files": digests}, f, indent=1, sort_keys=True)
-    return len(digests)
-
-
 def size(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
@@ -158,7 +142,7 @@ def main() -> int:
         if not os.path.isfile(os.path.join(pkg, config)):
             raise SystemExit(f"vLLM {vllm.__version__} has no tile config {config}: the steps would take the default")
         files.append(config)
-    m = copy_sources(files, pkg, os.path.join(out, "vllm_src"), vllm.__version__)
+    m = prepare_device.copy_vllm_sources(files, os.path.join(out, "vllm_src"))
     # the box's pre-check: every key the steps reach is in the device plan (else the GPU run would fail on it)
     reached_json = os.path.join(out, "dry_keys.json")
     dry = subprocess.run([sys.executable, os.path.join(CHECKS, "check_call_sites.py"), "--dry-keys", "--steps-module",

@@ -14,16 +14,15 @@ let vLLM's own compile run (record writes the key for `nojit build --add-keys`).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import threading
 from typing import Any
 
 from nojit.loader.bundle.file import Bundle
 from nojit.loader.bundle.cutedsl_key import cache_slot, key_from_json, key_text, key_to_json, source_hash_of_files
-from nojit.loader.errors import BundleMismatchError, LaunchError
+from nojit.loader.errors import BundleMismatchError
 from nojit.loader.installed_modules import module_file
-from nojit.loader.bundle.manifest import CuteLaunch, Entry, KernelRecord
+from nojit.loader.launch.cute_object import load_cute_object
+from nojit.loader.bundle.manifest import Entry, KernelRecord
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.settings import TOOL_FACTS
 from nojit.loader.bundle.versions import check_source, check_tool_versions
@@ -76,24 +75,7 @@ class CuteKernelServer:
             self.policy.served(self.kernel_id, RUNTIME, lambda: entry.key, "exact", self.record.source_hash)
 
     def _load(self, entry: Entry) -> Any:
-        import cutlass.cute as cute
-
-        launch = entry.launch
-        assert isinstance(launch, CuteLaunch)
-        data = self.bundle.read_blob(entry.blob)  # sha256-checked
-        fd, path = tempfile.mkstemp(prefix="nojit-cute-", suffix=".o")  # private (0600); removed once loaded
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            module = cute.runtime.load_module(path, enable_tvm_ffi="--enable-tvm-ffi" in launch.options)
-            fn = getattr(module, launch.symbol)
-        except Exception as exc:  # noqa: BLE001 - CuTeDSL's loader errors are not typed
-            raise LaunchError(f"kernel {self.kernel_id}: CuTeDSL could not load the bundled object {entry.blob[:12]} "
-                              f"({type(exc).__name__}: {str(exc)[:300]})",
-                              fix="check that nvidia-cutlass-dsl and apache-tvm-ffi are the versions the bundle "
-                              "names (`nojit inspect`), or rebuild the bundle") from None
-        finally:
-            os.unlink(path)
+        module, fn = load_cute_object(self.bundle, entry, self.kernel_id, "nojit-cute-")
         self._modules.append(module)
         self.loaded += 1
         return fn

@@ -14,9 +14,7 @@ it yet, as a recorded key does not say which call reaches it: the deployment's p
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 import threading
 from typing import Any
 
@@ -24,10 +22,11 @@ from nojit.loader.bundle import fi_cute_key
 from nojit.loader.bundle.canonical import canonical_json
 from nojit.loader.bundle.cutedsl_key import source_hash_of_files
 from nojit.loader.bundle.file import Bundle
-from nojit.loader.bundle.manifest import CuteLaunch, Entry, KernelRecord
+from nojit.loader.bundle.manifest import Entry, KernelRecord
 from nojit.loader.bundle.versions import check_source, check_tool_versions
-from nojit.loader.errors import BundleMismatchError, LaunchError
+from nojit.loader.errors import BundleMismatchError
 from nojit.loader.installed_modules import module_file
+from nojit.loader.launch.cute_object import load_cute_object
 from nojit.loader.policy import ServingPolicy
 from nojit.loader.settings import TOOL_FACTS
 
@@ -86,24 +85,7 @@ class BundledCompileCache(dict):
             return fn
 
     def _load(self, entry: Entry) -> Any:
-        import cutlass.cute as cute
-
-        launch = entry.launch
-        assert isinstance(launch, CuteLaunch)
-        data = self.bundle.read_blob(entry.blob)  # sha256-checked
-        fd, path = tempfile.mkstemp(prefix="nojit-fi-cute-", suffix=".o")  # private (0600); removed once loaded
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            module = cute.runtime.load_module(path, enable_tvm_ffi="--enable-tvm-ffi" in launch.options)
-            fn = getattr(module, launch.symbol)
-        except Exception as exc:  # noqa: BLE001 - CuTeDSL's loader errors are not typed
-            raise LaunchError(f"kernel {entry.kernel}: CuTeDSL could not load the bundled object {entry.blob[:12]} "
-                              f"({type(exc).__name__}: {str(exc)[:300]})",
-                              fix="check that nvidia-cutlass-dsl and apache-tvm-ffi are the versions the bundle "
-                              "names (`nojit inspect`), or rebuild the bundle") from None
-        finally:
-            os.unlink(path)
+        module, fn = load_cute_object(self.bundle, entry, entry.kernel, "nojit-fi-cute-")
         self._modules.append(module)
         return fn
 
