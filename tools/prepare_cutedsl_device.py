@@ -130,24 +130,32 @@ def bundle_entries(bundle_path: str, runtime: str = "cutedsl") -> tuple[list[dic
     return rows, tools
 
 
-def prepare(bundle: str, out: str, wheel: bool = True) -> dict:
-    """Write `out` (see the module docstring); wheel=False leaves the tvm-ffi wheel out (the CPU test: no network)."""
-    entries, tools = bundle_entries(bundle)
+def carry_objects(bundle: str, out: str, runtime: str, name: str, wheel: bool) -> dict:
+    """What every device check of CuTeDSL objects carries, written into `out`: the bundle (as `name`), the tvm-ffi
+    wheel (unless wheel=False: the CPU tests, no network) and CuTeDSL's C runtime; returns the manifest's common part.
+    Refuses a box whose CuTeDSL tools differ from the ones `runtime`'s objects were exported with."""
+    entries, tools = bundle_entries(bundle, runtime)
     installed = {t: importlib.metadata.version(t) for t in tools}
     if installed != tools:
         raise SystemExit(f"the bundle's objects were exported with {tools}, this box has {installed}: the carried "
                          "runtime and TVM-FFI would not be the ones the objects were written for")
     os.makedirs(out, exist_ok=True)
     manifest = {
-        "bundle": {"file": "cutedsl.nojit", "sha256": file_sha256(bundle), "entries": entries},
+        "bundle": {"file": name, "sha256": file_sha256(bundle), "entries": entries},
         "tools": tools,
         "tvm_ffi_wheel": download_tvm_ffi(os.path.join(out, "wheels"), tools["apache-tvm-ffi"]) if wheel else None,
         "runtime": pack_runtime(os.path.join(out, "runtime")),
-        "link": {"libs": ["cute_dsl_runtime", "tvm_ffi"],
-                 "aot_config": "python -m cutlass.cute.export.aot_config --ldflags / --libs (cutlass/cute/export/"
-                               "aot_config.py) plus -ltvm_ffi (TVM-FFI C ABI the objects call)"},
     }
-    shutil.copyfile(bundle, os.path.join(out, "cutedsl.nojit"))
+    shutil.copyfile(bundle, os.path.join(out, name))
+    return manifest
+
+
+def prepare(bundle: str, out: str, wheel: bool = True) -> dict:
+    """Write `out` (see the module docstring); wheel=False leaves the tvm-ffi wheel out (the CPU test: no network)."""
+    manifest = carry_objects(bundle, out, "cutedsl", "cutedsl.nojit", wheel)
+    manifest["link"] = {"libs": ["cute_dsl_runtime", "tvm_ffi"],
+                        "aot_config": "python -m cutlass.cute.export.aot_config --ldflags / --libs (cutlass/cute/"
+                                      "export/aot_config.py) plus -ltvm_ffi (TVM-FFI C ABI the objects call)"}
     manifest["vllm_sources"] = copy_reference_sources(os.path.join(out, "vllm_src"))
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)

@@ -14,17 +14,13 @@ reference is its own float64 recurrence.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prepare_cutedsl_device import (  # noqa: E402
-    RUNTIME_LIB, bundle_entries, download_tvm_ffi, folder_size, pack_runtime)
-
-from nojit.loader.bundle.installed import file_sha256  # noqa: E402
+    RUNTIME_LIB, carry_objects, folder_size)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNTIME = "flashinfer_cute"
@@ -32,18 +28,7 @@ RUNTIME = "flashinfer_cute"
 
 def prepare(bundle: str, out: str, wheel: bool = True) -> dict:
     """Write `out`; wheel=False leaves the tvm-ffi wheel out (the CPU test: no network)."""
-    entries, tools = bundle_entries(bundle, RUNTIME)
-    installed = {t: importlib.metadata.version(t) for t in tools}
-    if installed != tools:
-        raise SystemExit(f"the bundle's objects were exported with {tools}, this box has {installed}")
-    os.makedirs(out, exist_ok=True)
-    manifest = {
-        "bundle": {"file": "gdn.nojit", "sha256": file_sha256(bundle), "entries": entries},
-        "tools": tools,
-        "tvm_ffi_wheel": download_tvm_ffi(os.path.join(out, "wheels"), tools["apache-tvm-ffi"]) if wheel else None,
-        "runtime": pack_runtime(os.path.join(out, "runtime")),
-    }
-    shutil.copyfile(bundle, os.path.join(out, "gdn.nojit"))
+    manifest = carry_objects(bundle, out, RUNTIME, "gdn.nojit", wheel)
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
     return manifest
