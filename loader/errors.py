@@ -54,3 +54,9 @@ class PreflightError(NoJitError):
 class UnsafePathError(NoJitError):
     """A folder or file nojit writes, or a library then loads by path, could be changed by another user
     (not ours, writable by others, a symlink, not a regular file): refused, naming the path."""
+
+
+class UnavailableAttributeError(NoJitError, AttributeError):
+    """A name of a library nojit stands in for: an AttributeError too, so `hasattr` and `getattr(x, n, default)`
+    probes of the stand-in answer "absent" as Python code expects, instead of raising out of the caller."""
+

@@ -228,3 +228,38 @@ def test_mtp_verify_and_swa_metadata_run_vllms_own_call_sites_on_the_interpreter
     assert got["last_token_indices"] == [qsl[r + 1] - 1 - got["num_rejected"][r] for r in range(len(reqs))]
     # SWA: decode rows see min(seq_len, window) tokens; the prefill's gather length is its query (no prefix)
     assert got["decode_swa_lens"][:3] == [39, 128, 128] and got["prefill_gather_lens"] == [250]
+
+
+def test_kernels_found_under_wrappers_and_other_names_never_probed() -> None:
+    """The tracer's kernel walk finds kernels under @triton.heuristics / @triton.autotune, and never probes other
+    names for `fn`: the H200 run of session 10 met TileLang's strict-mode stand-in module, whose attributes raise."""
+    pytest.importorskip("triton")
+    import types
+
+    import triton
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    sys.path.insert(0, GPU_CHECKS)
+    try:
+        from check_call_sites import _kernels_of
+    finally:
+        sys.path.remove(GPU_CHECKS)
+
+    @triton.jit
+    def plain(x):
+        tl.store(x, 1)
+
+    @triton.heuristics({"B": lambda args: 4})
+    @triton.jit
+    def wrapped(x, B: tl.constexpr):
+        tl.store(x, B)
+
+    class Raises:
+        def __getattr__(self, name):  # as a library's stand-in whose names raise a non-AttributeError
+            raise RuntimeError(f"probed {name}")
+
+    mod = types.ModuleType("m")
+    mod.plain, mod.wrapped, mod.stand_in = plain, wrapped, Raises()
+    found = _kernels_of([mod], (JITFunction,))
+    assert {f.fn.__name__ for f in found} == {"plain", "wrapped"}

@@ -28,7 +28,8 @@ from typing import Any
 
 from nojit.loader.bundle.file import Bundle
 from nojit.loader.launch.cuda_launch import BundledFunction
-from nojit.loader.errors import BundleMismatchError, KernelNotInBundleError, LaunchError, NoJitError
+from nojit.loader.errors import (BundleMismatchError, KernelNotInBundleError, LaunchError, NoJitError,
+                                 UnavailableAttributeError)
 from nojit.loader.bundle.launch_expr import check_geometry, evaluate
 from nojit.loader.bundle.manifest import Entry, KernelRecord, TileLangLaunch
 from nojit.loader.policy import ServingPolicy
@@ -289,7 +290,7 @@ class _Unavailable(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        raise NoJitError(f"{self.__name__}.{name} is not available: nojit serves vLLM's TileLang kernels from its "
+        raise UnavailableAttributeError(f"{self.__name__}.{name} is not available: nojit serves vLLM's TileLang kernels from its "
                          "bundle and TileLang is not loaded in this process",
                          fix="use NOJIT_MODE=permissive with tilelang installed to JIT-compile TileLang kernels")
 

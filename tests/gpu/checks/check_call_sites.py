@@ -402,11 +402,15 @@ def _trace_every_kernel(tracer: LaunchTracer, modules: list[Any], interpret: boo
 
 
 def _kernels_of(modules: list[Any], kinds: tuple[type, ...]) -> list[Any]:
+    """Kernels among the modules' names, also under @heuristics/@autotune. Only Triton's own wrappers are
+    unwrapped: other names (TileLang's stand-in module in strict mode) are never probed for `fn`."""
+    from triton.runtime.jit import KernelInterface
+
     out = []
     for m in modules:
         for value in vars(m).values():
             inner, depth = value, 0
-            while not isinstance(inner, kinds) and hasattr(inner, "fn") and depth < 4:  # under @heuristics/@autotune
+            while not isinstance(inner, kinds) and isinstance(inner, KernelInterface) and depth < 4:
                 inner, depth = inner.fn, depth + 1
             if isinstance(inner, kinds):
                 out.append(inner)
