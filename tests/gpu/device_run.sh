@@ -156,9 +156,9 @@ PY
       ;;
     inprocess)
       python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/loader/strict/test_inprocess_guard.py tests/loader/strict/test_x86_relocate.py \
-        tests/loader/strict/test_fatbin_guard.py -q -s \
+        tests/loader/strict/test_fatbin_guard.py -q -s -ra \
         -p no:cacheprovider \
-        2>&1 | tail -40 || rc=1
+        2>&1 | tee "$OUT/inprocess.log" | tail -40 || rc=1
       ;;
     cutedsl)
       CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/checks/check_cutedsl.py --bundle .device/cutedsl.nojit \

@@ -10,12 +10,16 @@ fail the 128-byte alignment check of the tensormap workspace). CuTeDSL itself as
 while it traces a kernel launched with `min_blocks_per_mp > 1` and no carveout (the CP route's T precompute,
 cutlass_dsl/cutlass.py `_generate_kernel_attrs`): the shared memory per multiprocessor, which it writes into
 the kernel's attributes; the arch's value answers it (SMEM_PER_SM), any other attribute is refused by name.
-Everything is put back on exit.
+CuTeDSL's TVM-FFI wrapper takes each tensor argument's device from the example tensor (`tvm_ffi.from_dlpack`,
+cute/_tvm_ffi_args_spec_converter.py): a CPU example compiles a function that refuses CUDA tensors ("expected
+device_type=cpu", seen on the H200) and passes host pointers. So the example tensors' DLPack says cuda:0, as
+FlashInfer's own tensors on the serving GPU do; their bytes are never read. Everything is put back on exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import math
 import types
 from collections.abc import Iterator
@@ -50,6 +54,45 @@ def _aligned_empty(original: Any) -> Any:
         offset = (-raw.data_ptr()) % ALIGN
         return raw[offset:offset + nbytes].view(dtype).view(shape)
     return empty
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLTensorHead(ctypes.Structure):  # dlpack.h: DLTensor starts with data, then device
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice)]
+
+
+KDL_CPU, KDL_CUDA = 1, 2
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype, _capsule_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+def cuda_dlpack(tensor: torch.Tensor) -> Any:
+    """A DLPack capsule of a CPU tensor that says cuda:0 (an unversioned `dltensor`, whose DLTensor leads the
+    DLManagedTensor): what a tensor on the serving GPU would hand CuTeDSL."""
+    capsule = tensor.__dlpack__()
+    name = _capsule_name(capsule)
+    if name != b"dltensor":
+        raise BuildError(f"torch handed a DLPack capsule named {name!r}, not 'dltensor'",
+                         fix="report it to nojit with the torch version")
+    head = _DLTensorHead.from_address(_capsule_pointer(capsule, name))
+    if head.device.device_type != KDL_CPU:
+        raise BuildError(f"an example tensor of FlashInfer's wrapper is on device type {head.device.device_type}",
+                         fix="plan on the GPU-less build box (the stand-in GPU keeps example tensors on the CPU)")
+    head.device.device_type, head.device.device_id = KDL_CUDA, 0
+    return capsule
+
+
+def _cuda_from_dlpack(original: Any) -> Any:
+    def from_dlpack(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+            tensor = cuda_dlpack(tensor)
+        return original(tensor, *args, **kwargs)
+    return from_dlpack
 
 
 def _device_attribute(cuda_helpers: Any, capability: tuple[int, int]) -> Any:
@@ -87,6 +130,9 @@ def flashinfer_on_stand_in(facts: PlatformFacts) -> Iterator[None]:
     torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0)  # type: ignore[assignment]
     saved.append((torch, "empty", torch.empty))
     torch.empty = _aligned_empty(torch.empty)  # type: ignore[assignment]
+    tvm_ffi = importlib.import_module("tvm_ffi")  # CuTeDSL's _Tensor calls tvm_ffi.from_dlpack by this name
+    saved.append((tvm_ffi, "from_dlpack", tvm_ffi.from_dlpack))
+    tvm_ffi.from_dlpack = _cuda_from_dlpack(tvm_ffi.from_dlpack)
     try:
         yield
     finally:

@@ -16,6 +16,13 @@ torch (which has the CUDA runtime loaded anyway) and creates Triton's real drive
 something asks for more (a kernel Triton itself launches): in permissive mode
 that is the JIT doing its job; in strict mode it is refused with the firewall's message.
 
+One more question comes from kernels' hosts, not from Triton: FLA's `get_all_max_shared_mem` (vLLM's
+third_party/flash_linear_attention/ops/utils.py, reached by Qwen3.5's GDN layers) asks
+`driver.active.utils.get_device_properties(i)`. Asking Triton's real `utils` builds `cuda_utils` with gcc (three
+processes on the H200: ldconfig, gcc, file); refused in strict mode, FLA swallows the error and picks its
+small-shared-memory configs. So `utils.get_device_properties` is answered too, from the driver attributes
+Triton's driver.c reads (the `utils` rest is Triton's own, built on first use).
+
 Chosen over shipping a prebuilt `cuda_utils` in the bundle because nothing then depends on
 the serving machine's Python ABI, libcuda path or Triton's cache layout, the bundle carries no
 host code, and the answer is the one Triton's own driver gives (`GPUDriver.__init__` takes
@@ -89,6 +96,10 @@ class TorchAnsweredDriver:
     def clear_cache(self, cache: Any) -> None:
         cache.zero_()
 
+    @property
+    def utils(self) -> "AnsweredUtils":
+        return AnsweredUtils(self)
+
     # --- everything else: Triton's own driver (built now; strict mode refuses a cold build) ---
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real_config.default, name)
@@ -116,3 +127,64 @@ def restore() -> None:
 
     if isinstance(driver._active, TorchAnsweredDriver):
         driver._active = None
+
+
+# triton/backends/nvidia/driver.c getDeviceProperties: the CUdevice_attribute each property is read from
+# (cuda.h values), in the dict Triton returns. Shared memory is the per-block opt-in maximum, except on sm_107
+# (MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK, 150), as driver.c does.
+DEVICE_PROPERTIES: tuple[tuple[str, int], ...] = (
+    ("max_shared_mem", 97), ("max_num_regs", 12), ("multiprocessor_count", 16), ("warpSize", 10),
+    ("sm_clock_rate", 13), ("mem_clock_rate", 36), ("mem_bus_width", 37))
+_OVERSIZED_SHARED_MEMORY, _CAPABILITY_MAJOR, _CAPABILITY_MINOR = 150, 75, 76
+
+
+def _libcuda() -> Any:
+    """The driver library torch has already loaded (no second copy, no search: the soname)."""
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
+class AnsweredUtils:
+    """Stands as `driver.active.utils`: `get_device_properties` from the CUDA driver's attributes, as Triton's
+    driver.c reads them; anything else from Triton's own utils (built on first use)."""
+
+    def __init__(self, driver: TorchAnsweredDriver) -> None:
+        self._driver = driver
+
+    def get_device_properties(self, device: int) -> dict[str, int]:
+        import ctypes
+
+        import torch
+
+        from nojit.loader.errors import LaunchError
+
+        torch.cuda.init()  # cuInit, as Triton's driver would have done by now
+        lib = _libcuda()
+        dev = ctypes.c_int(0)
+
+        def attribute(number: int) -> int:
+            value = ctypes.c_int(0)
+            rc = lib.cuDeviceGetAttribute(ctypes.byref(value), number, dev)
+            if rc != 0:
+                raise LaunchError(f"the CUDA driver answered {rc} to cuDeviceGetAttribute({number}) of device {device}",
+                                  fix="run where the NVIDIA driver and the GPU are visible to this process")
+            return value.value
+
+        if lib.cuDeviceGet(ctypes.byref(dev), int(device)) != 0:
+            raise LaunchError(f"no CUDA device {device} for Triton's get_device_properties",
+                              fix="check CUDA_VISIBLE_DEVICES")
+        out = {name: attribute(number) for name, number in DEVICE_PROPERTIES}
+        if (attribute(_CAPABILITY_MAJOR), attribute(_CAPABILITY_MINOR)) == (10, 7):
+            out["max_shared_mem"] = attribute(_OVERSIZED_SHARED_MEMORY)
+        return out
+
+    def get_current_device(self) -> int:
+        return self._driver.get_current_device()
+
+    def get_device_capability(self, device: int) -> tuple[int, int]:
+        return self._driver.get_device_capability(device)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._driver._real_config.default.utils, name)
+

@@ -243,7 +243,7 @@ def child(args: argparse.Namespace) -> int:
 
 
 def run(role: str, args: argparse.Namespace, *extra: str, env: dict | None = None) -> dict:
-    out = os.path.join(args.work, f"{role}.json")
+    out = os.path.join(args.work, f"role-{role}.json")  # not plan.json: the plan role writes that one
     cmd = [sys.executable, __file__, "--role", role, "--vllm-src", args.vllm_src, "--json-out", out, *extra]
     p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=1200)
     if p.returncode != 0:

@@ -165,7 +165,8 @@ def run_cases(fns: dict[str, tuple[Any, dict]], sm_count: int) -> list[dict[str,
             spoiled.view(-1)[len(spoiled.view(-1)) // 2] += float(ref_o.abs().max()) * 4
             r.update(ok=ok, errors=errs, control_rejected=relative_error(spoiled, ref_o) > TOL)
         except Exception as exc:  # noqa: BLE001 - reported per case
-            r.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:400]}")
+            text = str(exc)  # TVM-FFI's argument errors put the reason after the whole signature: keep both ends
+            r.update(ok=False, error=f"{type(exc).__name__}: {text if len(text) <= 700 else text[:200] + ' ... ' + text[-400:]}")
         results.append(r)
     return results
 

@@ -55,6 +55,9 @@ def test_bundle_entries(gdn_build):
             assert isinstance(e.launch, CuteLaunch) and e.launch.options == "--enable-tvm-ffi"
             obj = b.read_blob(e.blob)
             assert obj[:4] == b"\x7fELF" and b"sm_90a" in obj
+            # compiled for tensors on the GPU: the object's TVM-FFI argument check names the device type it takes
+            # (built from CPU example tensors it took only CPU tensors; the H200 refused every call)
+            assert b"expected device_type=cuda" in obj and b"expected device_type=cpu" not in obj
         info = b.manifest.kernels[entries[0].kernel].info
         assert info["flashinfer-python"] and info["nvidia-cutlass-dsl"] and info["sources"][0].endswith("delta_rule_sm90")
     finally:
