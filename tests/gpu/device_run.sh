@@ -61,9 +61,8 @@
 #            refused; a cubin loaded through each and its kernel run; a PTX-only fatbin refused by nojit's fatbin check,
 #            a PTX+sm_90 fatbin loaded and its kernel run; a crafted fatbin (broken sm_90 cubin + PTX) not JIT-compiled;
 #            with NOJIT_UNREADABLE_PTX_JIT=1 a child of a Landlocked strict process cannot JIT PTX while its cubin runs;
-#            the control loads the PTX with strict mode off), then the CPU
-#            tests of NVRTC/nvJitLink and the stand-in driver (tests/loader/strict/test_inprocess_guard.py, tests/loader/strict/test_x86_relocate.py,
-#            tests/loader/strict/test_fatbin_guard.py: skipped without ptxas/fatbinary); needs a .whl nojit wheel built with _inproc
+#            the control loads the PTX with strict mode off), then tests/loader/strict/test_x86_relocate.py on this
+#            machine's NVIDIA libraries; needs a .whl nojit wheel built with _inproc
 #   autotune FLA's autotuned kernels (chunk_local_cumsum fixed/varlen, solve_tril) from .device/vllm_src: Triton's own
 #            autotuner enumerated here, the bundle built from that plan, mode a (Triton benchmarks the bundled cubins),
 #            `nojit tune`, mode b (winners pre-filled, no benchmark) vs the JIT's autotuner from an empty cache with each
@@ -155,8 +154,9 @@ PY
         python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider 2>&1 | tail -15 || rc=1
       ;;
     inprocess)
-      python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/loader/strict/test_inprocess_guard.py tests/loader/strict/test_x86_relocate.py \
-        tests/loader/strict/test_fatbin_guard.py -q -s -ra \
+      # the stand-in-libcuda tests (test_inprocess_guard, test_fatbin_guard) are CI's: with a real libcuda.so.1 in the
+      # process they test the real driver under the stand-in's expectations (3 failed on the H200, session 10)
+      python3 -m pytest tests/gpu/test_inprocess_gpu.py tests/loader/strict/test_x86_relocate.py -q -s -ra \
         -p no:cacheprovider \
         2>&1 | tee "$OUT/inprocess.log" | tail -40 || rc=1
       ;;

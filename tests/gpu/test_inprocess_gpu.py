@@ -420,7 +420,8 @@ def _strict_parent(tmp_path, unreadable: bool) -> dict:
     work.mkdir()
     (work / "xdg").mkdir(mode=0o700)
     env = {**os.environ, "NOJIT_MODE": "strict", "NOJIT_UNREADABLE_PTX_JIT": "1" if unreadable else "0",
-           "XDG_RUNTIME_DIR": str(work / "xdg"), "PYTHONPATH": ROOT}
+           "XDG_RUNTIME_DIR": str(work / "xdg"),
+           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     env.pop("NOJIT_LANDLOCK_ACTIVE", None)
     p = subprocess.run([sys.executable, str(tmp_path / "parent.py"), str(work), str(tmp_path / "child.py"), str(cubin)],
                        capture_output=True, text=True, timeout=600, env=env, cwd=str(work))

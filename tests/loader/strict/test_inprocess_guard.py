@@ -406,6 +406,11 @@ def test_nvvm_through_ctypes_is_refused(tmp_path):
     """The attack: NVVM IR compiled to PTX with a ctypes-loaded libnvvm (loaded after strict mode went up). Control:
     strict mode off, the same call writes PTX with the kernel's entry for sm_90. Strict: NVVM_ERROR_COMPILATION
     from the stub, nothing written, an event line."""
+    import glob
+
+    nvidia_cu13 = pytest.importorskip("nvidia.cu13")
+    if not glob.glob(os.path.join(list(nvidia_cu13.__path__)[0], "lib", "libnvvm.so.*")):
+        pytest.skip("no libnvvm in nvidia.cu13 here (the H200's image has none)")
     out = {}
     for mode in ("off", "strict"):
         env = {**os.environ, "NOJIT_EVENT_LOG": str(tmp_path / f"{mode}.jsonl")}
