@@ -293,6 +293,8 @@ def serving_check(args: argparse.Namespace) -> int:
         torch.empty(1, device="cuda")
     base = fl.counts(guard) if guard else {"python_processes": len(fl._audit)}
     s = start(args.bundle or os.path.join(args.dir, "gdn.nojit"), os.path.join(args.dir, "vllm_src"))
+    if guard:  # processes started by the install and the imports (tvm_ffi, FlashInfer, CuTeDSL): must be 0 too
+        s["processes_install_and_import"] = {k: v - base[k] for k, v in fl.counts(guard).items()}
     lookups = s.pop("lookups")
     call = s.pop("call")
     result["start"] = s
@@ -308,7 +310,7 @@ def serving_check(args: argparse.Namespace) -> int:
     cases = [run_case(call, *c) for c in CASES]
     result["launch_seconds"] = round(time.perf_counter() - t0, 2)
     guard.nojit_guard_set_mode(0)
-    end = fl.counts(guard)
+    end = fl.counts(guard)  # from before the install: the imports' processes count too
     cache = lookups.cache
     counters = {"lookups": lookups.calls, "answered_by_nojit": lookups.answered, "objects_loaded": len(cache.loaded),
                 "misses": len(cache.misses), "cute_compile_reached": len(guards.compile_attempts),
@@ -320,7 +322,7 @@ def serving_check(args: argparse.Namespace) -> int:
               f"{c.get('poisoned')} control rejected: {c.get('control_rejected')}")
     zero = (counters["cute_compile_reached"] == 0 and counters["misses"] == 0 and counters["c_processes"] == 0
             and counters["nvrtc_compiles"] == 0 and counters["python_processes"] == 0)
-    answered = lookups.calls == len(cases) and lookups.answered == lookups.calls
+    answered = lookups.calls >= len(cases) and lookups.answered == lookups.calls  # one per call on the fused route
     result["ok"] = ready and zero and answered and all(c["ok"] and c.get("control_rejected") for c in cases)
     print(f"{sum(c['ok'] for c in cases)}/{len(cases)} GDN prefill cases within {TOL} of float64 via {s['via']}; "
           f"FlashInfer's cache answered {lookups.answered} of {lookups.calls} lookups from the bundle "
