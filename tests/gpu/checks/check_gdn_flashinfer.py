@@ -384,6 +384,9 @@ def role_negative(args: argparse.Namespace) -> int:
     guard = fl.process_guard()
     import torch
 
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device (FlashInfer's wrapper asks the GPU before its lookup)")
+        return SKIPPED
     torch.cuda.init()
     base = fl.counts(guard) if guard else {}
     s = start(args.bundle, os.path.join(args.dir, "vllm_src"))
