@@ -50,6 +50,16 @@
 #            with FlashInfer's launcher arguments vs a float64 gated delta rule (3 and 5 sequences, checkpoints every 64),
 #            outputs NaN-poisoned, 0 processes (tests/gpu/checks/check_gdn_prefill.py); needs .device-gdn carried
 #            (`python tools/prepare_gdn_device.py`); FlashInfer's own Python cannot be carried (nvidia-cutlass-dsl)
+#   gdn-fi   the same prefill launched by FlashInfer's own Python: vLLM's fi_chunk_gated_delta_rule (.device-gdnfi/vllm_src
+#            mounted) -> FlashInfer's chunk_gated_delta_rule -> its cached_compile lookup, answered by nojit's strict
+#            loader from .device-gdnfi/gdn.nojit (cute.runtime.load_module: CuTeDSL's MLIR library and C runtime
+#            carried), launched on the H200 vs the float64 gated delta rule (3 and 5 sequences, checkpoints every 64),
+#            outputs NaN-poisoned, 0 compiles (FlashInfer's cache answered N of N), 0 processes (C guard preloaded);
+#            then the negative control: the bundle less the 3-sequence key, strict refusal naming it, nothing compiled
+#            (tests/gpu/checks/check_gdn_flashinfer.py). TWO calls on one warm machine (the MLIR library alone is
+#            ~45 MiB xz): call 1 carries .device-gdnfi-ir only and runs `python3 tests/gpu/checks/check_gdn_flashinfer.py
+#            --stage` (unpacks it there, sha256); call 2 carries .whl and .device-gdnfi and runs this step, which fails
+#            with "not staged" if call 1's machine was given back. Both from `python tools/prepare_gdnfi_device.py`
 #   one      one strict process, every runtime of one bundle (tests/gpu/checks/check_one_process.py; issue 23): the Triton
 #            entries built here from the plan and merged with .device-one/rest.nojit, the JIT reference of vLLM's call
 #            sites (an empty Triton cache: the Triton JIT's time), CuTeDSL's objects linked here (harness, before), then
@@ -292,6 +302,25 @@ print('autotuned kernels in the deployment plan:', len(a), a)"
         .device-gdn/wheels/apache_tvm_ffi-*.whl || rc=1
       PYTHONPATH=/tmp/gdn-site:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 python3 tests/gpu/checks/check_gdn_prefill.py \
         --dir .device-gdn --json "$OUT/check_gdn_prefill.json" 2>&1 | tail -30 || rc=1
+      ;;
+    gdn-fi)  # call 2: .device-gdnfi carried, .device-gdnfi-ir staged by call 1 on this machine (tools/prepare_gdnfi_device.py)
+      S=/tmp/gdnfi-site; rm -rf $S $S.work
+      python3 tests/gpu/checks/check_gdn_flashinfer.py --assemble $S || { rc=1; continue; }
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S \
+        .device-gdnfi/wheels/apache_tvm_ffi-*.whl || rc=1
+      ${CC:-cc} -shared -fPIC -O2 -o $S/libnojit_exec_guard.so tests/gpu/checks/exec_guard.c -ldl || rc=1
+      CU13=$(python3 -c "import nvidia, os; print(next(d for p in nvidia.__path__
+        if os.path.exists(os.path.join(d := os.path.join(p, 'cu13', 'lib'), 'libcudart.so.13'))))" 2>/dev/null \
+        || echo /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib)
+      GENV=(env LD_LIBRARY_PATH=$CU13${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        PYTHONPATH=$S:$S/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH CUDA_DISABLE_PTX_JIT=1 LD_PRELOAD=$S/libnojit_exec_guard.so)
+      "${GENV[@]}" python3 tests/gpu/checks/check_gdn_flashinfer.py --dir .device-gdnfi \
+        --json "$OUT/check_gdn_flashinfer.json" 2>&1 | tail -60 || rc=1
+      python3 tests/gpu/checks/check_gdn_flashinfer.py --role without --dir .device-gdnfi --out $W/gdn-minus1.nojit \
+        > $W/gdn-minus1.txt || rc=1
+      echo "negative control: removed $(tail -1 $W/gdn-minus1.txt)"
+      "${GENV[@]}" python3 tests/gpu/checks/check_gdn_flashinfer.py --role negative --dir .device-gdnfi \
+        --bundle $W/gdn-minus1.nojit --expect-file $W/gdn-minus1.txt 2>&1 | tail -20 || rc=1
       ;;
     one)  # this copy is OUT/repo of tools/prepare_one_device.py
       S=/tmp/one-site; rm -rf $S && mkdir -p $S

@@ -136,6 +136,25 @@ def call_fused(fn: Any, x: dict[str, Any], every: int, sm_count: int) -> dict[st
     return {"o": o, "state": state, "ckpt": ckpt}
 
 
+def reference(x: dict[str, Any], every: int) -> tuple[Any, Any, Any]:
+    """The float64 recurrence on a case's inputs (scale 1/sqrt(D), FlashInfer's default and vLLM's)."""
+    return gated_delta_rule_f64(x["q"], x["k"], x["v"], x["alpha"], x["beta"], x["init"], x["cu"], 1.0 / math.sqrt(D),
+                                every)
+
+
+def compare(out: dict[str, Any], ref: tuple[Any, Any, Any], every: int) -> dict[str, Any]:
+    """Written outputs (o [T, HV, V], state, ckpt) against the reference: errors, ok, and the control (one wrong
+    value put into o must be rejected by the same comparison)."""
+    ref_o, ref_s, ref_c = ref
+    errs = {"o": relative_error(out["o"], ref_o), "state": relative_error(out["state"], ref_s)}
+    if every:
+        errs["checkpoints"] = relative_error(out["ckpt"], ref_c)
+    spoiled = out["o"].clone()
+    spoiled.view(-1)[len(spoiled.view(-1)) // 2] += float(ref_o.abs().max()) * 4
+    return {"ok": all(e <= TOL for e in errs.values()), "errors": errs,
+            "control_rejected": relative_error(spoiled, ref_o) > TOL}
+
+
 CASES = (("3 sequences", [200, 64, 17], 0, 1), ("5 sequences", [129, 64, 3, 300, 80], 0, 2),
          ("checkpoints every 64", [256, 130, 64], 64, 3))
 
@@ -152,18 +171,11 @@ def run_cases(fns: dict[str, tuple[Any, dict]], sm_count: int) -> list[dict[str,
             results.append(r)
             continue
         x = inputs(lengths, seed, "cuda")
-        ref_o, ref_s, ref_c = gated_delta_rule_f64(x["q"], x["k"], x["v"], x["alpha"], x["beta"], x["init"], x["cu"],
-                                                   1.0 / math.sqrt(D), every)
+        ref = reference(x, every)
         try:
             out = call_fused(fns[want[0]][0], x, every, sm_count)
             torch.cuda.synchronize()
-            errs = {"o": relative_error(out["o"], ref_o), "state": relative_error(out["state"], ref_s)}
-            if every:
-                errs["checkpoints"] = relative_error(out["ckpt"], ref_c)
-            ok = all(e <= TOL for e in errs.values())
-            spoiled = out["o"].clone()
-            spoiled.view(-1)[len(spoiled.view(-1)) // 2] += float(ref_o.abs().max()) * 4
-            r.update(ok=ok, errors=errs, control_rejected=relative_error(spoiled, ref_o) > TOL)
+            r.update(compare(out, ref, every))
         except Exception as exc:  # noqa: BLE001 - reported per case
             text = str(exc)  # TVM-FFI's argument errors put the reason after the whole signature: keep both ends
             r.update(ok=False, error=f"{type(exc).__name__}: {text if len(text) <= 700 else text[:200] + ' ... ' + text[-400:]}")

@@ -143,10 +143,11 @@ def process_guard() -> Any:
 
 # ------------------------------------------------------------------------------------------ bundle surgery
 def bundle_without(src: str, dst: str, drop_runtimes: frozenset[str] = frozenset(), drop_entry: int | None = None,
-                   only_runtimes: frozenset[str] | None = None) -> str:
-    """Write src's kernels and entries into dst less some: whole runtimes, or the drop_entry-th exact Triton entry
-    (sorted by kernel and key; the negative control). Returns a description of what was dropped. Nothing is
-    recompiled: the writer of `nojit build` lays out the same records and blobs."""
+                   only_runtimes: frozenset[str] | None = None, drop_if: Callable[[Any], bool] | None = None) -> str:
+    """Write src's kernels and entries into dst less some: whole runtimes, the drop_entry-th exact Triton entry
+    (sorted by kernel and key; the negative control), or every entry drop_if(entry) picks (other runtimes' negative
+    controls). Returns a description of what was dropped. Nothing is recompiled: the writer of `nojit build` lays
+    out the same records and blobs."""
     from nojit.aot.bundle_writer import write_bundle
     from nojit.loader.bundle.file import Bundle, canonical_json
 
@@ -162,6 +163,10 @@ def bundle_without(src: str, dst: str, drop_runtimes: frozenset[str] = frozenset
         victim = exact[drop_entry % len(exact)]
         entries = [e for e in entries if e is not victim]
         dropped = f"{victim.kernel} {canonical_json(victim.key).decode()}"
+    if drop_if is not None:
+        victims = [e for e in entries if drop_if(e)]
+        entries = [e for e in entries if not drop_if(e)]
+        dropped = "; ".join(f"{v.kernel} {canonical_json(v.key).decode()}" for v in victims)
     cubins = {e.blob: b.read_blob(e.blob) for e in entries}
     write_bundle(dst, m.producer, m.target, m.deployment, [m.kernels[k] for k in keep], entries, cubins)
     return dropped
