@@ -159,8 +159,14 @@ class AnsweredUtils:
 
         from nojit.loader.errors import LaunchError
 
-        torch.cuda.init()  # cuInit, as Triton's driver would have done by now
-        lib = _libcuda()
+        try:
+            torch.cuda.init()  # cuInit, as Triton's driver would have done by now
+            lib = _libcuda()
+        except (RuntimeError, AssertionError, OSError) as exc:  # no driver: torch's error, or dlopen's
+            raise LaunchError(f"Triton's get_device_properties of device {device}: no CUDA driver in this process "
+                              f"({type(exc).__name__}: {str(exc)[:200]})",
+                              fix="run where the NVIDIA driver (libcuda.so.1) and the GPU are visible to this process") \
+                from None
         dev = ctypes.c_int(0)
 
         def attribute(number: int) -> int:

@@ -90,3 +90,27 @@ def test_fla_reads_the_h200s_shared_memory_without_triton_building_its_driver(ac
 
     set_active(Unanswered(StrictConfig()))
     assert fla.get_all_max_shared_mem() == [-1]
+
+
+@pytest.mark.parametrize("missing", ["driver", "libcuda"])
+def test_no_driver_is_a_typed_error_naming_the_device(monkeypatch, missing):
+    """Without the NVIDIA driver (torch finds none, or libcuda.so.1 cannot be opened) the question is refused with
+    nojit's LaunchError naming the device, not torch's RuntimeError or ctypes' OSError from inside nojit."""
+    from nojit.loader.errors import LaunchError
+
+    def no_driver():
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    def no_libcuda():
+        raise OSError("libcuda.so.1: cannot open shared object file: No such file or directory")
+
+    if missing == "driver":
+        monkeypatch.setattr(torch.cuda, "init", no_driver)
+    else:
+        monkeypatch.setattr(torch.cuda, "init", lambda: None)
+        monkeypatch.setattr(answered, "_libcuda", no_libcuda)
+    utils = answered.TorchAnsweredDriver(StrictConfig()).utils
+    with pytest.raises(LaunchError) as info:
+        utils.get_device_properties(3)
+    assert "device 3" in info.value.message and info.value.fix
+    assert ("no NVIDIA driver" if missing == "driver" else "libcuda.so.1") in info.value.message
