@@ -150,3 +150,24 @@ def test_fallback_arguments_are_vllms_and_bind_to_flashinfers_signature(payloads
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["differ"] == [] and out["vllm_keys"] == out["ours_keys"] and out["binds"], out
+
+
+def test_only_an_object_the_bundle_loaded_counts_as_answered():
+    """A lookup FlashInfer's cache answers with anything but an object nojit loaded from the bundle (an entry it held
+    before nojit's install, something stored after a compile) is a lookup, not one answered from the bundle."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu", "checks"))
+    import check_gdn_flashinfer as c
+
+    from nojit.loader.runtimes.flashinfer_cute.serving import BundledCompileCache
+
+    foreign, bundled = object(), object()
+    cache = BundledCompileCache({("before", "--enable-tvm-ffi"): foreign}, {}, None, None)
+    lookups = c.Lookups(cache)
+    assert cache.get(("before", "--enable-tvm-ffi")) is foreign
+    dict.__setitem__(cache, ("compiled", "--enable-tvm-ffi"), object())  # what FlashInfer stores after cute.compile
+    cache.get(("compiled", "--enable-tvm-ffi"))
+    assert (lookups.calls, lookups.answered) == (2, 0)
+    cache.loaded[b"wire"] = bundled  # control: an object the bundle loaded (BundledCompileCache.load) counts
+    dict.__setitem__(cache, ("bundled", "--enable-tvm-ffi"), bundled)
+    assert cache.get(("bundled", "--enable-tvm-ffi")) is bundled
+    assert (lookups.calls, lookups.answered) == (3, 1)

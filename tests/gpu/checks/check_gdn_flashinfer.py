@@ -202,7 +202,9 @@ def flashinfer_as_vllm_calls(**kw: Any) -> tuple[Any, Any]:
 
 
 class Lookups:
-    """FlashInfer's lookups of its compile cache (nojit's BundledCompileCache), counted: how many, how many answered."""
+    """FlashInfer's lookups of its compile cache (nojit's BundledCompileCache), counted: how many, and how many were
+    answered with an object nojit loaded from the bundle (`cache.loaded`; an entry FlashInfer's cache held before the
+    install, or stored after a compile, is a lookup but not an answer from the bundle)."""
 
     def __init__(self, cache: Any) -> None:
         self.calls = self.answered = 0
@@ -211,7 +213,7 @@ class Lookups:
         def get(key: Any, default: Any = None) -> Any:
             self.calls += 1
             fn = real(key, default)
-            self.answered += fn is not None
+            self.answered += fn is not None and any(fn is v for v in cache.loaded.values())
             return fn
         cache.get = get  # an instance attribute: FlashInfer's `_in_mem_compile_cache.get(key)` finds it first
 
