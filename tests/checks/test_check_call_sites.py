@@ -263,3 +263,32 @@ def test_kernels_found_under_wrappers_and_other_names_never_probed() -> None:
     mod.plain, mod.wrapped, mod.stand_in = plain, wrapped, Raises()
     found = _kernels_of([mod], (JITFunction,))
     assert {f.fn.__name__ for f in found} == {"plain", "wrapped"}
+
+
+def test_process_count_sees_fork_and_keeps_what_nojit_starts_after_the_imports(tmp_path) -> None:
+    """The loader child's count of processes (must be 0): os.fork (multiprocessing's fork, os.spawn*) counts besides
+    subprocess/exec/posix_spawn/system, and the processes taken out as `import torch`'s are only those started while
+    no nojit module is imported (a process nojit's code starts is never taken out)."""
+    script = f"""
+import os, sys
+sys.path.insert(0, {GPU_CHECKS!r})
+import check_call_sites as c
+events = []
+sys.addaudithook(c.process_hook(events))
+os.system("true")                    # before any plugin (import torch's, in the check)
+taken = c.before_plugins(events)
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+import nojit.loader.errors           # a nojit module imported: what was started after it is not taken out
+os.system("true")
+kept = c.before_plugins(events)
+import json
+print(json.dumps([taken, kept, events]))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    taken, kept, events = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [e.partition(":")[0] for e in taken] == ["os.system"] and kept == [], r.stdout
+    assert [e.partition(":")[0] for e in events] == ["os.fork", "os.system"], r.stdout

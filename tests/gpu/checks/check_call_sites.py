@@ -296,6 +296,30 @@ def _digest(t: Any) -> str:
     return hashlib.sha256(_bits(t).detach().contiguous().cpu().numpy().tobytes()).hexdigest()[:24]
 
 
+# Python's process starts, as check_flashinfer_launch.PROCESS_EVENTS (os.fork too: multiprocessing's fork, os.spawn*)
+PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn", "os.fork",
+                            "os.forkpty", "pty.spawn"})
+
+
+def process_hook(events: list[str]) -> Any:
+    """An audit hook appending each process start to events (os.fork's event has no arguments)."""
+    def hook(event: str, args: tuple) -> None:
+        if event in PROCESS_EVENTS:
+            events.append(f"{event}:{str(args[0])[:60] if args else ''}")
+    return hook
+
+
+def before_plugins(events: list[str]) -> list[str]:
+    """The processes started so far (by `import torch` and `import triton`, which a server pays before any plugin
+    loads), taken out of events, which then counts from here. Taken out only while no nojit module is imported: a
+    process nojit's code starts always counts."""
+    if any(name == "nojit" or name.startswith("nojit.") for name in sys.modules):
+        return []
+    taken = list(events)
+    del events[:]
+    return taken
+
+
 def child(args: argparse.Namespace) -> None:
     events: list[str] = []
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
@@ -303,16 +327,15 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "loader":
         os.environ["CUDA_DISABLE_PTX_JIT"] = "1"
         os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="nojit-empty-triton-cache-")
-        sys.addaudithook(lambda ev, a: events.append(f"{ev}:{str(a[0])[:60]}")
-                         if ev in ("subprocess.Popen", "os.posix_spawn", "os.system", "os.exec") else None)
+        sys.addaudithook(process_hook(events))
     import torch
     import triton
 
     # `import torch` itself starts processes on some machines (torch.cuda imports cuda.pathfinder, whose
     # ctypes.util.find_library("dl") runs ldconfig, then gcc and file where ldconfig does not list libdl: seen on the
-    # H200): a server pays that before any plugin loads, so the count that must be 0 starts here; those are reported
-    import_events = list(events)
-    del events[:]
+    # H200): a server pays that (and `import triton`) before any plugin loads, so the count that must be 0 starts
+    # here; those are reported apart (before_plugins: none taken out once a nojit module is imported)
+    import_events = before_plugins(events)
 
     # Memory the step allocates with torch.empty and a kernel leaves partly unwritten (the rejection sampler's
     # [num_reqs, k + 1] sampled tokens past a rejection, its per-request logsumexps) is read again by later kernels;
