@@ -171,3 +171,21 @@ def test_only_an_object_the_bundle_loaded_counts_as_answered():
     dict.__setitem__(cache, ("bundled", "--enable-tvm-ffi"), bundled)
     assert cache.get(("bundled", "--enable-tvm-ffi")) is bundled
     assert (lookups.calls, lookups.answered) == (3, 1)
+
+
+def test_negative_control_needs_the_process_guard(tmp_path):
+    """On a GPU the negative control's 'processes 0' is read from the preloaded C guard: without it the count would be
+    0 by construction, so the control fails saying so (as the check itself does)."""
+    expect = tmp_path / "key.txt"
+    expect.write_text("_FullyFusedDeltaRuleSm90(...)\n")
+    script = f"""
+import sys, torch
+sys.path.insert(0, {os.path.join(ROOT, 'tests', 'gpu', 'checks')!r})
+torch.cuda.is_available = lambda: True   # the GPU the device has; the C guard not preloaded
+sys.argv = ["check_gdn_flashinfer.py", "--role", "negative", "--bundle", "b.nojit", "--expect-file", {str(expect)!r}]
+import check_gdn_flashinfer as c
+sys.exit(c.main())
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
+    assert r.returncode == 1 and "NEGATIVE CONTROL: FAIL" in r.stdout and "LD_PRELOAD" in r.stdout, \
+        r.stdout + r.stderr[-2000:]

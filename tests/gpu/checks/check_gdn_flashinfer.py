@@ -389,8 +389,11 @@ def role_negative(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (FlashInfer's wrapper asks the GPU before its lookup)")
         return SKIPPED
+    if guard is None:  # its process count would be 0 by construction
+        print("NEGATIVE CONTROL: FAIL: the process guard is not preloaded (LD_PRELOAD=libnojit_exec_guard.so)")
+        return 1
     torch.cuda.init()
-    base = fl.counts(guard) if guard else {}
+    base = fl.counts(guard)
     s = start(args.bundle, os.path.join(args.dir, "vllm_src"))
     x = CASES[0]
     refused = None
@@ -400,7 +403,7 @@ def role_negative(args: argparse.Namespace) -> int:
         refused = exc
     except Exception as exc:  # noqa: BLE001
         print(f"the call failed, but not with a strict refusal: {type(exc).__name__}: {str(exc)[:600]}")
-    end = fl.counts(guard) if guard else {}
+    end = fl.counts(guard)
     started = sum(end[k] - base[k] for k in end if k != "nvrtc_compiles")
     named = refused is not None and expect in refused.message
     ok = (named and not guards.compile_attempts and s["lookups"].answered == 0 and started == 0
