@@ -162,11 +162,12 @@ class AnsweredUtils:
         try:
             torch.cuda.init()  # cuInit, as Triton's driver would have done by now
             lib = _libcuda()
-        except (RuntimeError, AssertionError, OSError) as exc:  # no driver: torch's error, or dlopen's
-            raise LaunchError(f"Triton's get_device_properties of device {device}: no CUDA driver in this process "
-                              f"({type(exc).__name__}: {str(exc)[:200]})",
-                              fix="run where the NVIDIA driver (libcuda.so.1) and the GPU are visible to this process") \
-                from None
+        except (RuntimeError, AssertionError, OSError) as exc:  # torch's error (no driver, CUDA unusable after a
+            # fork), or dlopen's (no libcuda.so.1): said with torch's or the loader's own words
+            raise LaunchError(f"Triton's get_device_properties of device {device}: CUDA cannot be used in this "
+                              f"process ({type(exc).__name__}: {str(exc)[:200]})",
+                              fix="run where the NVIDIA driver (libcuda.so.1) and the GPU are visible to this process, "
+                                  "and CUDA is not initialised before a fork") from None
         dev = ctypes.c_int(0)
 
         def attribute(number: int) -> int:
