@@ -300,7 +300,7 @@ def serving_check(args: argparse.Namespace) -> int:
         if guard is None:
             print("GDN-FI: FAIL: the process guard is not preloaded (LD_PRELOAD=libnojit_exec_guard.so)")
             return 1
-        torch.cuda.init()
+        _before_counting()
         torch.empty(1, device="cuda")
     base = fl.counts(guard) if guard else {"python_processes": len(fl._audit)}
     s = start(args.bundle or os.path.join(args.dir, "gdn.nojit"), os.path.join(args.dir, "vllm_src"))
@@ -392,7 +392,7 @@ def role_negative(args: argparse.Namespace) -> int:
     if guard is None:  # its process count would be 0 by construction
         print("NEGATIVE CONTROL: FAIL: the process guard is not preloaded (LD_PRELOAD=libnojit_exec_guard.so)")
         return 1
-    torch.cuda.init()
+    _before_counting()
     base = fl.counts(guard)
     s = start(args.bundle, os.path.join(args.dir, "vllm_src"))
     x = CASES[0]
@@ -415,6 +415,19 @@ def role_negative(args: argparse.Namespace) -> int:
           f"processes {started})")
     return 0 if ok else 1
 
+
+
+def _before_counting() -> None:
+    """What a server has done before any plugin loads: CUDA up, and cuda.pathfinder imported (its import runs
+    ctypes.util.find_library: ldconfig, and gcc and file where ldconfig lacks libdl; check_flashinfer_launch does the
+    same), so the counted windows hold what FlashInfer, CuTeDSL and nojit start."""
+    import torch
+
+    torch.cuda.init()
+    try:
+        import cuda.pathfinder  # noqa: F401
+    except ImportError:
+        pass
 
 def run_case_raising(call: Any, lengths: list[int], seed: int) -> None:
     import torch
