@@ -94,7 +94,8 @@ def _kind_of(root: str, name: str) -> str:
 
 
 _checked_modules: dict[str, str] = {}  # module -> "file" | "namespace" | "refused" (_kind_of)
-_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...]]] = {}  # package -> (site root, RECORD paths, dirs)
+_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...], bool]] = {}  # package -> (site root, RECORD paths, dirs,
+# whether RECORD lists any package: an editable install's lists none)
 
 
 def is_installed_file(package: str, origin: str) -> bool:
@@ -112,8 +113,9 @@ def is_installed_file(package: str, origin: str) -> bool:
             pass
         dirs = tuple(os.path.realpath(d) for d in package_dirs(package))
         listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
-        found = _installed[package] = (root, listed, dirs)
-    root, listed, dirs = found
+        has_modules = any(p.endswith("/__init__.py") for p in listed)  # once per package, not per file asked
+        found = _installed[package] = (root, listed, dirs, has_modules)
+    root, listed, dirs, has_modules = found
     path = os.path.realpath(origin)
     if not path.endswith(".py"):
         return False
@@ -122,7 +124,6 @@ def is_installed_file(package: str, origin: str) -> bool:
     if root and (os.path.relpath(os.path.abspath(origin), root) in listed
                  or os.path.relpath(path, os.path.realpath(root)) in listed):
         return True
-    has_modules = any(p.endswith("/__init__.py") for p in listed)
     return not has_modules and any(path.startswith(d + os.sep) for d in dirs)
 
 
