@@ -98,6 +98,20 @@ _installed: dict[str, tuple[str, frozenset[str], tuple[str, ...], bool]] = {}  #
 # whether RECORD lists any package: an editable install's lists none)
 
 
+_real_dirs: dict[str, str] = {}  # folder -> its real path, for _realpath
+
+
+def _realpath(path: str) -> str:
+    """os.path.realpath(path), its folder resolved once per folder (realpath(a/b) == realpath(realpath(a)/b)): a
+    kernel module's path has a dozen components, each an lstat, and install() asks for every kernel module's."""
+    folder, name = os.path.split(os.path.abspath(path))
+    real = _real_dirs.get(folder)
+    if real is None:
+        real = _real_dirs[folder] = os.path.realpath(folder)
+    joined = os.path.join(real, name)
+    return os.path.realpath(joined) if os.path.islink(joined) or name in ("", ".", "..") else joined
+
+
 def is_installed_file(package: str, origin: str) -> bool:
     """Whether `origin` is a .py file the installed distribution of `package` holds (a line of its RECORD),
     or, for an editable (development) install whose RECORD lists no modules, a .py file of its source tree.
@@ -116,13 +130,15 @@ def is_installed_file(package: str, origin: str) -> bool:
         has_modules = any(p.endswith("/__init__.py") for p in listed)  # once per package, not per file asked
         found = _installed[package] = (root, listed, dirs, has_modules)
     root, listed, dirs, has_modules = found
-    path = os.path.realpath(origin)
+    path = _realpath(origin)
     if not path.endswith(".py"):
         return False
     # RECORD names files relative to the folder holding the dist-info, as the import system finds them there: a
     # layered image may link the package folder in from elsewhere, so compare the unresolved paths, then resolved
-    if root and (os.path.relpath(os.path.abspath(origin), root) in listed
-                 or os.path.relpath(path, os.path.realpath(root)) in listed):
+    absolute = os.path.abspath(origin)
+    if root and absolute.startswith(root + os.sep) and absolute[len(root) + 1:] in listed:
+        return True  # relpath's answer for a path below root, without its work (once per kernel module at install)
+    if root and (os.path.relpath(absolute, root) in listed or os.path.relpath(path, os.path.realpath(root)) in listed):
         return True
     return not has_modules and any(path.startswith(d + os.sep) for d in dirs)
 
