@@ -1,7 +1,7 @@
 """The CPU part of a strict worker's time to ready, two nojit trees side by side in one run (issue 23).
 
     python bench/bench_ready_cpu.py --old-root /work/main --new-root . [--python PY] [--bundle B.nojit] [--repeat 3]
-                                    [--json OUT]
+                                    [--plan PLAN.json] [--deepgemm-so EXT.so] [--json OUT]
 
 Both sides run in fresh processes of ONE interpreter (--python, default this one: a venv with nojit installed
 editable) and one site-packages; only the nojit tree differs
@@ -17,7 +17,12 @@ Steps (a fresh runtime folder, XDG_RUNTIME_DIR, where "first" is said; "later" r
                   size of a DeepGEMM sm90 cubin) into an empty folder
   deepgemm later  the same section seeded again (a later process: every entry checked, none written)
   install later   install(strict) of --bundle in a later process, vLLM's kernel modules imported first (not timed)
+  plan keys       with --plan: the device check's preflight of the plan's Triton keys against --bundle (the plan
+                  file parsed before, apart: a harness cost a server does not pay)
   prepare         every Triton kernel of --bundle prepared after that install (what the preflight does)
+  install worker  install(strict) of --bundle in a child of a process that enforced Landlock: a vLLM worker of a
+                  strict tree, which inherits the domain (landlock.enforce answers "inherited")
+  deepgemm slots  with --deepgemm-so: DeepGEMM's popen/pclose PLT slots found in its extension
 No GPU: the deployment's stand-in H200 answers device questions; nothing is launched.
 """
 
@@ -65,6 +70,9 @@ elif step == "deepgemm":
         entries[f"sm90_fp8_gemm_1d2d.{sha[:32]}"] = {"cubin": sha, "source": "// kernel.cu\n" * 200}
     section = {"nvcc_version": "release 13.0", "entries": entries, "keys": []}
     r = timed(lambda: bool(seed(section, blobs.__getitem__, "b.nojit", base=arg)))
+elif step == "slots":
+    from nojit.loader.runtimes.deepgemm.popen import plt_slots
+    r = timed(lambda: len(plt_slots(arg, ("popen", "pclose"))))
 else:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     from nojit.aot.deployment import load_deployment
@@ -85,15 +93,38 @@ else:
     r = timed(lambda: len(install(arg, mode="strict", allow_mismatch=allow, kernels=set(ids)).servers("triton")))
     inst = install(arg, mode="strict", allow_mismatch=allow, kernels=set(ids))
     r["steps"] = {k: round(v, 2) for k, v in inst.timings.items()}
-    p = timed(lambda: [sv.prepare() for sv in inst.servers("triton").values()] and len(inst.servers("triton")))
-    r = {"install": r, "prepare": p}
+    out = {"install": r}
+    plan = os.environ.get("BENCH_PLAN")
+    if plan:  # the device check's preflight of the plan's keys (tests/gpu/checks/check_one_process.py), this tree's
+        sys.path.insert(0, os.path.join(root, "tests", "gpu", "checks"))
+        import check_one_process as one
+        one._plan_requests(plan)  # the plan file parsed apart: a harness cost, not a server's
+        out["plan keys"] = timed(lambda: one.plan_preflight(inst.bundle, plan, {"triton"}).get("triton", 0))
+    out["prepare"] = timed(lambda: [sv.prepare() for sv in inst.servers("triton").values()] and len(inst.servers("triton")))
+    r = out
 print("RESULT " + json.dumps(r))
 """
 
 
-def child(python: str, root: str, step: str, arg: str, env: dict[str, str]) -> dict:
-    p = subprocess.run([python, "-c", CHILD, root, step, arg], capture_output=True, text=True, env=env,
-                       timeout=900)
+PARENT = r"""
+import os, subprocess, sys
+root = sys.argv[1]
+import __editable___nojit_0_1_0_finder as finder
+finder.MAPPING.update({"nojit.aot": os.path.join(root, "aot"), "nojit.loader": os.path.join(root, "loader")})
+os.environ["NOJIT_QUIET"] = "1"
+from nojit.loader.strict import firewall, landlock
+assert landlock.enforce(None, firewall.runtime_dir()).state == "on"
+sys.exit(subprocess.call(sys.argv[2:]))
+"""
+
+
+def child(python: str, root: str, step: str, arg: str, env: dict[str, str], worker: bool = False) -> dict:
+    """One step in a fresh process; worker: in a child of a process that enforced Landlock (a vLLM worker of a
+    strict tree: the domain is inherited, not built again)."""
+    cmd = [python, "-c", CHILD, root, step, arg]
+    if worker:
+        cmd = [python, "-c", PARENT, root, *cmd]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -108,6 +139,10 @@ def main() -> int:
                                             and os.path.isdir(os.path.join(p, "torch"))), ""))
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--bundle", default="")
+    ap.add_argument("--plan", default="", help="with --bundle: time the device check's preflight of this plan's "
+                    "Triton keys against the bundle (check_one_process.plan_preflight) before the prepare")
+    ap.add_argument("--deepgemm-so", default="", help="DeepGEMM's extension (_C_extension.abi3.so): time finding "
+                    "its popen/pclose slots (the in-process nvcc probe answer's setup)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -127,11 +162,19 @@ def main() -> int:
             base = tempfile.mkdtemp(prefix="nojit-bench-dg-")
             add("deepgemm first", side, child(args.python, root, "deepgemm", base, env))
             add("deepgemm later", side, child(args.python, root, "deepgemm", base, env))
+            if args.deepgemm_so:
+                add("deepgemm slots", side, child(args.python, root, "slots", args.deepgemm_so, env))
             if args.bundle:
+                if args.plan:
+                    env["BENCH_PLAN"] = os.path.abspath(args.plan)
                 child(args.python, root, "install", args.bundle, env)  # the first process: the stand-ins and caches made
                 r = child(args.python, root, "install", args.bundle, env)
                 add("install later", side, r["install"])
+                if "plan keys" in r:
+                    add("plan keys", side, r["plan keys"])
                 add("prepare", side, r["prepare"])
+                w = child(args.python, root, "install", args.bundle, env, worker=True)
+                add("install worker", side, w["install"])
     print(f"{'step':16s} {'CPU ms: old best / median':>26s} {'new best / median':>20s} {'wall ms: old median':>20s} "
           f"{'new median':>11s}  what")
     table = {}
@@ -143,7 +186,7 @@ def main() -> int:
                        "steps_old": by["old"][-1].get("steps")}
         print(f"{name:16s} {best['old']:17.1f} / {med['old']['cpu_ms']:6.1f} {best['new']:11.1f} / "
               f"{med['new']['cpu_ms']:6.1f} {med['old']['wall_ms']:20.1f} {med['new']['wall_ms']:11.1f}  {what}")
-    for name in ("install later",):
+    for name in ("install later", "install worker"):
         if name in table:
             print(f"install steps (ms, last run): old {table[name]['steps_old']}\n                           new "
                   f"{table[name]['steps_new']}")

@@ -94,7 +94,22 @@ def _kind_of(root: str, name: str) -> str:
 
 
 _checked_modules: dict[str, str] = {}  # module -> "file" | "namespace" | "refused" (_kind_of)
-_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...]]] = {}  # package -> (site root, RECORD paths, dirs)
+_installed: dict[str, tuple[str, frozenset[str], tuple[str, ...], bool]] = {}  # package -> (site root, RECORD paths, dirs,
+# whether RECORD lists any package: an editable install's lists none)
+
+
+_real_dirs: dict[str, str] = {}  # folder -> its real path, for _realpath
+
+
+def _realpath(path: str) -> str:
+    """os.path.realpath(path), its folder resolved once per folder (realpath(a/b) == realpath(realpath(a)/b)): a
+    kernel module's path has a dozen components, each an lstat, and install() asks for every kernel module's."""
+    folder, name = os.path.split(os.path.abspath(path))
+    real = _real_dirs.get(folder)
+    if real is None:
+        real = _real_dirs[folder] = os.path.realpath(folder)
+    joined = os.path.join(real, name)
+    return os.path.realpath(joined) if os.path.islink(joined) or name in ("", ".", "..") else joined
 
 
 def is_installed_file(package: str, origin: str) -> bool:
@@ -112,17 +127,19 @@ def is_installed_file(package: str, origin: str) -> bool:
             pass
         dirs = tuple(os.path.realpath(d) for d in package_dirs(package))
         listed = frozenset(line.partition(",")[0] for line in record.splitlines() if line.endswith(".py") or ".py," in line)
-        found = _installed[package] = (root, listed, dirs)
-    root, listed, dirs = found
-    path = os.path.realpath(origin)
+        has_modules = any(p.endswith("/__init__.py") for p in listed)  # once per package, not per file asked
+        found = _installed[package] = (root, listed, dirs, has_modules)
+    root, listed, dirs, has_modules = found
+    path = _realpath(origin)
     if not path.endswith(".py"):
         return False
     # RECORD names files relative to the folder holding the dist-info, as the import system finds them there: a
     # layered image may link the package folder in from elsewhere, so compare the unresolved paths, then resolved
-    if root and (os.path.relpath(os.path.abspath(origin), root) in listed
-                 or os.path.relpath(path, os.path.realpath(root)) in listed):
+    absolute = os.path.abspath(origin)
+    if root and absolute.startswith(root + os.sep) and absolute[len(root) + 1:] in listed:
+        return True  # relpath's answer for a path below root, without its work (once per kernel module at install)
+    if root and (os.path.relpath(absolute, root) in listed or os.path.relpath(path, os.path.realpath(root)) in listed):
         return True
-    has_modules = any(p.endswith("/__init__.py") for p in listed)
     return not has_modules and any(path.startswith(d + os.sep) for d in dirs)
 
 

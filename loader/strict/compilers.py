@@ -72,21 +72,30 @@ def _site_folders(site: str) -> list[str]:
     for a in dirs(site):
         for b in dirs(a):
             below = dirs(b)
-            if os.path.basename(b) == "bin":
+            base = b.rpartition("/")[2]
+            if base == "bin":
                 found["*/bin"].append(b)
-            elif os.path.basename(b) == "_native":
+            elif base == "_native":
                 found["*/_native/*"] += below
             for c in below:
-                name = os.path.basename(c)
+                name = c.rpartition("/")[2]
                 if name == "bin":
                     found["*/*/bin"].append(c)
-                if os.path.isdir(os.path.join(c, "bin")):
-                    found["*/*/*/bin"].append(os.path.join(c, "bin"))
+                if _isdir(c + "/bin"):
+                    found["*/*/*/bin"].append(c + "/bin")
                     if name == "nvvm":
-                        found["*/*/nvvm/bin"].append(os.path.join(c, "bin"))
-                if os.path.isdir(os.path.join(c, "nvvm", "bin")):
-                    found["*/*/*/nvvm/bin"].append(os.path.join(c, "nvvm", "bin"))
+                        found["*/*/nvvm/bin"].append(c + "/bin")
+                if _isdir(c + "/nvvm/bin"):
+                    found["*/*/*/nvvm/bin"].append(c + "/nvvm/bin")
     return list(dict.fromkeys(p for pattern in _SITE_GLOBS for p in found[pattern]))
+
+
+def _isdir(path: str) -> bool:
+    """os.path.isdir without its wrapper: called twice per third-level folder of every site-packages."""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def _is_dir(entry: os.DirEntry) -> bool:

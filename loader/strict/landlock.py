@@ -99,6 +99,7 @@ class Report:
     compilers_unreadable: list[str] = field(default_factory=list)  # compilers no process of the tree can read
     compilers_readable: list[str] = field(default_factory=list)  # compilers left readable, with why
     ptx_jit_unreadable: list[str] = field(default_factory=list)  # the driver's PTX JIT library (opt-in), unreadable
+    steps: dict[str, float] = field(default_factory=dict)  # ms: find (compilers by name), plan, read (rules), apply
 
     def summary(self) -> str:
         if self.state == "on":
@@ -403,17 +404,21 @@ def apply(p: Plan, abi: int, read: Sequence[str] = ()) -> tuple[int, bool]:
         raise _os_error("landlock_create_ruleset", ctypes.get_errno())
     added = 0
     try:
+        # the call's arguments made once: thousands of rules (the read rules) cost a ctypes conversion each otherwise
+        syscall, c_add, c_ruleset = libc.syscall, ctypes.c_long(add), ctypes.c_int(ruleset)
+        c_beneath, c_flags = ctypes.c_int(RULE_PATH_BENEATH), ctypes.c_uint32(0)
+        flags = os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW
         for access, paths in ((ACCESS_FS_EXECUTE, (*p.folders, *p.files)), (ACCESS_FS_READ_FILE, read)):
             rule = _PathBeneathAttr(access, -1)
+            ref = ctypes.byref(rule)
             for path in paths:
                 try:
-                    fd = os.open(path, os.O_PATH | os.O_CLOEXEC | os.O_NOFOLLOW)
+                    fd = os.open(path, flags)
                 except OSError:
                     continue  # gone since it was listed (or a link): it gets no rule
                 try:
                     rule.parent_fd = fd
-                    if libc.syscall(ctypes.c_long(add), ctypes.c_int(ruleset), ctypes.c_int(RULE_PATH_BENEATH),
-                                    ctypes.byref(rule), ctypes.c_uint32(0)) == 0:
+                    if syscall(c_add, c_ruleset, c_beneath, ref, c_flags) == 0:
                         added += 1
                 finally:
                     os.close(fd)
@@ -462,18 +467,29 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
                   "(exec guard); a raw exec syscall or a path a shell builds at run time is not refused", file=sys.stderr, flush=True)
         return _report
     t = time.perf_counter()
+    steps: dict[str, float] = {}
+
+    def step(name: str, since: list[float] = [t]) -> None:
+        now = time.perf_counter()
+        steps[name] = round((now - since[0]) * 1e3, 2)
+        since[0] = now
+
     comp = compilers_mod.find()
+    step("find")
     files = [sys.executable] + ([stand_in] if stand_in else [])
     p = cached_plan(comp, default_roots(), extra_folders(), files, runtime_dir)
+    step("plan (cached)" if p.from_cache else "plan")
     others = _other_threads()
     builtins = nvrtc_builtins.find()
     ptx_jit = driver_jit.find() if settings.unreadable_ptx_jit else []
     builtins += [c for c in ptx_jit if c not in builtins]  # said apart below; left readable in a busy folder as these
     compilers = sorted({*comp.files, *p.refused_compilers} - set(builtins))
     read, denied, kept = unreadable_mod.read_rules([*builtins, *compilers])
+    step("read rules")
     added, tsync = apply(p, abi, read)
+    step("apply")
     os.environ[ACTIVE_ENV] = str(os.getpid())
-    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p,
+    _report = Report("on", abi, added, (time.perf_counter() - t) * 1e3, tsync, len(others) + 1, others, plan=p, steps=steps,
                      unreadable=[d for d in denied if d in builtins and d not in ptx_jit],
                      ptx_jit_unreadable=[d for d in denied if d in ptx_jit],
                      kept_readable=[k for k in kept if k.partition(" (below ")[0] in builtins],

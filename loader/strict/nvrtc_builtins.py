@@ -38,6 +38,15 @@ def _folders() -> list[str]:
 
 
 def find() -> list[str]:
-    """The real paths of every NVRTC builtins library found where NVRTC is installed."""
-    copies = {os.path.realpath(p) for d in _folders() for name in _NAMES for p in glob.glob(os.path.join(d, name))}
+    """The real paths of every NVRTC builtins library found where NVRTC is installed: each folder listed once for
+    both names (_NAMES as glob patterns; /usr/lib/x86_64-linux-gnu alone holds thousands of entries)."""
+    prefixes = tuple(name.rstrip("*") for name in _NAMES)
+    copies = set()
+    for d in _folders():
+        try:
+            with os.scandir(d) as entries:
+                names = [e.name for e in entries if e.name.startswith(prefixes)]
+        except OSError:
+            continue
+        copies.update(os.path.realpath(os.path.join(d, n)) for n in names)
     return sorted(p for p in copies if os.path.isfile(p))

@@ -150,3 +150,19 @@ def test_plan_is_parsed_once_and_again_when_it_changes(tmp_path, monkeypatch):
     with pytest.raises(PreflightError, match="1 of them"):
         plan_preflight(b, plan, {"triton"})
     assert loads.count(plan) == 2 and len(cop._PLANS) >= 2
+
+
+def test_preflight_reads_only_exact_entries(tmp_path):
+    """The plan's keys are checked against each kernel's exact entries, the part a server's prepare reads (and then
+    reuses); generic entries are read at a kernel's first miss, not at start (the H200 run's 'plan' step read every
+    section whole). The removal is still found: the generic entry with the removed key does not hide it."""
+    path, plan = _bundle_and_plan(tmp_path)
+    b = Bundle.open(path)
+    assert plan_preflight(b, plan, {"triton"}) == {"triton": 6}
+    assert b._sections == {} and {v for _, v in b._parts} == {"exact"}
+    minus = str(tmp_path / "minus.nojit")
+    bundle_without(path, minus, drop_entry=0)
+    b = Bundle.open(minus)
+    with pytest.raises(PreflightError, match="key not in the bundle"):
+        plan_preflight(b, plan, {"triton"})
+    assert {v for _, v in b._parts} == {"exact"}

@@ -118,4 +118,5 @@ eg = exec_guard.report()
 print("RESULT " + json.dumps({"compiled": results, "allowed_tool_exit": tool, "mode": inst.mode.value, "child": child,
                               "exec_guard": None if eg is None else eg.summary(),
                               "landlock": None if r is None else {"state": r.state, "abi": r.abi, "rules": r.rules,
-                                                                  "ms": r.ms, "tsync": r.tsync}}), flush=True)
+                                                                  "ms": r.ms, "tsync": r.tsync, "steps": r.steps}}),
+      flush=True)
