@@ -166,3 +166,21 @@ def test_preflight_reads_only_exact_entries(tmp_path):
     with pytest.raises(PreflightError, match="key not in the bundle"):
         plan_preflight(b, plan, {"triton"})
     assert {v for _, v in b._parts} == {"exact"}
+
+
+def test_loader_child_args_carry_every_argument_the_call_site_child_reads() -> None:
+    """The Triton part runs check_call_sites' loader child in process with arguments it builds; the H200 run of
+    session 10 raised there (a hand-made Namespace lacked --steps-module). Every `args.X` the child reads is set."""
+    import ast
+    import inspect
+
+    import check_call_sites as cs
+    from check_one_process import loader_child_args
+
+    tree = ast.parse(inspect.getsource(cs.child))
+    read = {n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "args"}
+    assert "steps_module" in read and len(read) >= 6
+    ns = loader_child_args("/v", 7, "/o.json", "/b.nojit", "/w/jit.json")
+    assert not [a for a in sorted(read) if not hasattr(ns, a)]
+    assert (ns.child, ns.seed, ns.replay, ns.steps_module) == ("loader", 7, "/w/jit_writes.pt", "call_site_steps")

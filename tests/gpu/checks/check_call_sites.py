@@ -613,7 +613,8 @@ def compare(jit: dict, loader: dict | None, planned: dict[str, set[str]] | None 
     return rows, ok
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The check's arguments; check_one_process builds its loader child's from the same parser's defaults."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--bundle")
     ap.add_argument("--vllm-src", default=os.path.join(ROOT, ".device", "vllm_src"))
@@ -632,6 +633,11 @@ def main() -> int:
     ap.add_argument("--child")
     ap.add_argument("--replay", help="(child) what each JIT launch wrote: saved by the jit role, read by the loader")
     ap.add_argument("--out")
+    return ap
+
+
+def main() -> int:
+    ap = parser()
     args = ap.parse_args()
     if args.list_sources:
         print(json.dumps(list_sources(args.vllm_src, args.steps_module)))

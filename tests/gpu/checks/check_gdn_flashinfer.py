@@ -231,6 +231,13 @@ def start(bundle: str, vllm_src: str) -> dict[str, Any]:
     b.close()
     t0 = time.perf_counter()
     inst = install(bundle_path=bundle, mode="strict", allow_mismatch=frozenset({"vllm"}), kernels=ids)
+    import triton  # noqa: F401  (vLLM has imported it before any plugin loads)
+
+    from nojit.loader.runtimes.triton.driver import answer_from_torch
+
+    # what nojit's vLLM plugin does right after install (loader/plugin.py): Triton's driver questions answered from
+    # torch; without it vLLM's FLA import built Triton's cuda_utils on the H200 (refused: strict mode), session 10
+    answer_from_torch()
     s: dict[str, Any] = {"install_ms": round(1000 * (time.perf_counter() - t0), 1), "kernels": len(ids)}
     try:
         s["call"], s["via"] = importlib.import_module(GDN).fi_chunk_gated_delta_rule, f"vLLM {GDN}.fi_chunk_gated_delta_rule"
@@ -324,21 +331,21 @@ def serving_check(args: argparse.Namespace) -> int:
     end = fl.counts(guard)  # from before the install: the imports' processes count too
     cache = lookups.cache
     counters = {"lookups": lookups.calls, "answered_by_nojit": lookups.answered, "objects_loaded": len(cache.loaded),
-                "misses": len(cache.misses), "cute_compile_reached": len(guards.compile_attempts),
+                "misses": len(cache.misses), "compile_attempts_refused": len(guards.compile_attempts),
                 **{k: end[k] - base[k] for k in end}}
     result.update(cases=cases, counters=counters, compile_attempts=list(guards.compile_attempts),
                   python_process_events=list(fl._audit))
     for c in cases:
         print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['case']}: {c.get('errors') or c.get('error')} poisoned: "
               f"{c.get('poisoned')} control rejected: {c.get('control_rejected')}")
-    zero = (counters["cute_compile_reached"] == 0 and counters["misses"] == 0 and counters["c_processes"] == 0
+    zero = (counters["compile_attempts_refused"] == 0 and counters["misses"] == 0 and counters["c_processes"] == 0
             and counters["nvrtc_compiles"] == 0 and counters["python_processes"] == 0)
     answered = lookups.calls >= len(cases) and lookups.answered == lookups.calls  # one per call on the fused route
     result["ok"] = ready and zero and answered and all(c["ok"] and c.get("control_rejected") for c in cases)
     print(f"{sum(c['ok'] for c in cases)}/{len(cases)} GDN prefill cases within {TOL} of float64 via {s['via']}; "
           f"FlashInfer's cache answered {lookups.answered} of {lookups.calls} lookups from the bundle "
-          f"({counters['objects_loaded']} objects loaded by cute.runtime.load_module); cute.compile reached "
-          f"{counters['cute_compile_reached']} times; processes {counters['c_processes'] + counters['python_processes']}, "
+          f"({counters['objects_loaded']} objects loaded by cute.runtime.load_module); compile attempts refused "
+          f"{counters['compile_attempts_refused']} {list(guards.compile_attempts)}; processes {counters['c_processes'] + counters['python_processes']}, "
           f"NVRTC {counters['nvrtc_compiles']}")
     print("GDN-FI:", "PASS" if result["ok"] else "FAIL")
     if args.json:
@@ -411,7 +418,7 @@ def role_negative(args: argparse.Namespace) -> int:
     if refused is not None:
         print(f"strict refusal: {refused.message}\n  fix: {refused.fix}")
     print(f"NEGATIVE CONTROL: {'PASS' if ok else 'FAIL'} (refused {refused is not None}, the removed key named {named}, "
-          f"cute.compile reached {len(guards.compile_attempts)}, objects loaded {len(s['lookups'].cache.loaded)}, "
+          f"compile attempts refused {len(guards.compile_attempts)} {list(guards.compile_attempts)}, objects loaded {len(s['lookups'].cache.loaded)}, "
           f"processes {started})")
     return 0 if ok else 1
 

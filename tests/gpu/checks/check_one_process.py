@@ -454,6 +454,17 @@ class Part:
         return self.ran and self.cases > 0 and self.passed == self.cases and not self.failures
 
 
+def loader_child_args(vllm_src: str, seed: int, out: str, bundle: str, jit_json: str) -> argparse.Namespace:
+    """check_call_sites' loader child's arguments: its own parser's defaults (an argument added there reaches
+    here; a hand-made Namespace lacked --steps-module and the Triton part raised on the H200), then ours."""
+    import check_call_sites as cs
+
+    ns = cs.parser().parse_args([])
+    ns.child, ns.vllm_src, ns.seed, ns.out, ns.bundle = "loader", vllm_src, seed, out, bundle
+    ns.replay = jit_json.replace(".json", "_writes.pt")
+    return ns
+
+
 def part_triton(s: Start) -> Part:
     import check_call_sites as cs
 
@@ -468,8 +479,7 @@ def part_triton(s: Start) -> Part:
 
     mods = [m for n, m in sorted(sys.modules.items()) if n.startswith("vllm.") and m is not None]
     runs = {id(fn): (fn, fn.__dict__.get("run")) for fn in cs._kernels_of(mods, (JITFunction,))}
-    ns = argparse.Namespace(child="loader", vllm_src=s.args.vllm_src, seed=jit_seed(s.args), out=out,
-                            bundle=s.args.bundle, steps=None, replay=s.args.jit_json.replace(".json", "_writes.pt"))
+    ns = loader_child_args(s.args.vllm_src, jit_seed(s.args), out, s.args.bundle, s.args.jit_json)
     try:
         cs.child(ns)
     finally:  # the tracer's wrappers off, torch's determinism settings back: the other libraries run as they serve
