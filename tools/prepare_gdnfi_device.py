@@ -40,6 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prepare_cutedsl_device import RUNTIME_LIB, carry_objects, folder_size  # noqa: E402
 from prepare_device import copy_vllm_sources  # noqa: E402
 
+from nojit.loader.bundle.installed import file_sha256  # noqa: E402  (as the sibling prepare tools)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHECK = os.path.join(ROOT, "tests", "gpu", "checks", "check_gdn_flashinfer.py")
 RUNTIME = "flashinfer_cute"
@@ -53,14 +55,6 @@ CALL_LIMIT = 60 << 20  # each payload with the tracked files (about 3 MiB) and, 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def find_wheels(directory: str, version: str, download: bool = True) -> dict[str, str]:

@@ -468,11 +468,13 @@ def enforce(stand_in: str | None, runtime_dir: str | None) -> Report:
         return _report
     t = time.perf_counter()
     steps: dict[str, float] = {}
+    last = t
 
-    def step(name: str, since: list[float] = [t]) -> None:
+    def step(name: str) -> None:
+        nonlocal last
         now = time.perf_counter()
-        steps[name] = round((now - since[0]) * 1e3, 2)
-        since[0] = now
+        steps[name] = round((now - last) * 1e3, 2)
+        last = now
 
     comp = compilers_mod.find()
     step("find")

@@ -63,6 +63,7 @@ CALL_1 = ("run call 1 first, then this call back to back on the same warm machin
 
 # ---------------------------------------------------------------- call 1: stage the MLIR library (stdlib only)
 def file_sha256(path: str) -> str:
+    """nojit.loader.bundle.installed.file_sha256's twin: call 1 runs before nojit's wheel is installed (stdlib only)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
