@@ -62,7 +62,11 @@ def install(ctx: InstallContext) -> Handle:
             except BaseException:
                 _uninstall(servers, autotuned)
                 raise
-    if autotuned:  # Triton's benchmarker, asked for by its Autotuner, answered without building Triton's driver
+    if servers:
+        # Triton's driver questions answered without building Triton's `cuda_utils` with gcc: bundled kernels launch
+        # through nojit's launcher, but their hosts still ask the driver (FLA's shared-memory size, an Autotuner's
+        # benchmarker, vLLM's key deriver). Here, not only in the plugin, so that every way of installing serves
+        # the same process (the Qwen3.5 call-site check called install() alone and saw gcc run on the H200)
         from nojit.loader.runtimes.triton.driver import answer_from_torch
 
         answer_from_torch()

@@ -165,6 +165,25 @@ def test_strict_mode_forbids_every_compile_path(installed):
 
 
 @needs_vllm
+def test_install_alone_answers_tritons_driver_without_building_it(installed):
+    """install() by itself (no plugin, no warmup registry, no autotuned kernel) makes Triton's driver the answered
+    one, so a kernel's host asking the driver (FLA's shared-memory size) builds no `cuda_utils` with gcc: on the H200
+    the Qwen3.5 call-site check, which calls install() alone, saw ldconfig, file and gcc start. Control: before
+    install() and after uninstall() the driver is Triton's own."""
+    from triton.runtime import driver
+
+    from nojit.loader.runtimes.triton import driver as answered
+
+    answered.restore()
+    assert not isinstance(driver._active, answered.TorchAnsweredDriver)  # control
+    inst = installed(mode="strict")
+    assert C128A in inst.servers("triton")
+    assert isinstance(driver._active, answered.TorchAnsweredDriver) and not driver._active.real_driver_created
+    inst.uninstall()
+    assert not isinstance(driver._active, answered.TorchAnsweredDriver)
+
+
+@needs_vllm
 def test_guards_are_lifted_on_uninstall(installed):
     inst = installed(mode="strict")
     inst.uninstall()
