@@ -370,6 +370,8 @@ cuda.cuDeviceGet(ctypes.byref(dev), 0)
 cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 cuda.cuCtxSetCurrent(ctx)
 out["ptx_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), PTX)
+out["ptx_jit_mapped"] = sorted({l.split()[-1] for l in open("/proc/self/maps") if "ptxjitcompiler" in l})
+out["cuda_cache_path"] = os.environ.get("CUDA_CACHE_PATH")
 if os.path.exists(sys.argv[1]):
     out["cubin_load"] = cuda.cuModuleLoadData(ctypes.byref(mod), open(sys.argv[1], "rb").read())
     cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k")
@@ -419,8 +421,11 @@ def _strict_parent(tmp_path, unreadable: bool) -> dict:
     work = tmp_path / ("on" if unreadable else "off")
     work.mkdir()
     (work / "xdg").mkdir(mode=0o700)
+    # a JIT cache of its own per run: the driver keeps what it compiled (~/.nv/ComputeCache) and loads the same PTX
+    # from there without its compiler, so the control's compile must not be what the second run finds (the H200 run
+    # of session 11, sharing the cache, loaded the PTX with the compiler unreadable)
     env = {**os.environ, "NOJIT_MODE": "strict", "NOJIT_UNREADABLE_PTX_JIT": "1" if unreadable else "0",
-           "XDG_RUNTIME_DIR": str(work / "xdg"),
+           "XDG_RUNTIME_DIR": str(work / "xdg"), "CUDA_CACHE_PATH": str(work / "nv-compute-cache"),
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
     env.pop("NOJIT_LANDLOCK_ACTIVE", None)
     p = subprocess.run([sys.executable, str(tmp_path / "parent.py"), str(work), str(tmp_path / "child.py"), str(cubin)],
@@ -465,3 +470,32 @@ def test_a_fatbin_whose_sm_90_cubin_is_broken_does_not_fall_back_to_its_ptx(tmp_
     print("crafted fatbin: off", off["broken_sass_ptx_fatbin_load"], "strict", strict["broken_sass_ptx_fatbin_load"])
     if off["broken_sass_ptx_fatbin_load"] == 0:  # this driver falls back to the PTX: the attack works without nojit
         assert strict["broken_sass_ptx_fatbin_load"] != 0, strict
+
+
+def test_what_cuda_disable_ptx_jit_does_with_an_empty_and_a_filled_jit_cache(tmp_path):
+    """A measurement, printed for the notes: the driver keeps the SASS it JIT-compiled (CUDA_CACHE_PATH) and loads the
+    same PTX from there later. Whether CUDA_DISABLE_PTX_JIT=1 stops raw PTX with an empty cache, and whether a filled
+    cache answers it anyway, decides how the earlier H200 finding ("the variable alone did not stop raw PTX") reads.
+    Asserted: only the control (no variable, empty cache: the driver compiles, 0)."""
+    (tmp_path / "child.py").write_text(JIT_CHILD)
+    cache = tmp_path / "nv-compute-cache"
+
+    def child(disable: bool) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_DISABLE_PTX_JIT" and not k.startswith("NOJIT")}
+        env["CUDA_CACHE_PATH"] = str(cache)
+        if disable:
+            env["CUDA_DISABLE_PTX_JIT"] = "1"
+        p = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "none.cubin")],
+                           capture_output=True, text=True, timeout=300, env=env)
+        lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+        assert lines, p.stderr[-3000:]
+        return json.loads(lines[-1][7:])
+
+    empty_disabled = child(True)
+    compiled = child(False)
+    filled_disabled = child(True)
+    print(f"CUDA_DISABLE_PTX_JIT=1, empty JIT cache: ptx_load {empty_disabled['ptx_load']}; "
+          f"no variable: {compiled['ptx_load']}; CUDA_DISABLE_PTX_JIT=1, cache filled by that: "
+          f"{filled_disabled['ptx_load']} (0 = loaded; 218 = CUDA_ERROR_INVALID_PTX, 222 = UNSUPPORTED_PTX_VERSION, "
+          "223 = JIT_COMPILATION_DISABLED)")
+    assert compiled["ptx_load"] == 0, compiled
