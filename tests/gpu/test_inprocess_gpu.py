@@ -173,6 +173,13 @@ if cubin is not None:
     value = ctypes.c_float()
     cuda.cuMemcpyDtoH_v2(ctypes.byref(value), dptr, 4)
     out["kernel_wrote"] = value.value
+# the PTX after the cubin: on the H200 a cubin loaded after the refused PTX (221) failed with 999, so the order tells
+# whether the cubin needs the JIT library or only the context was left broken by the refusal
+out["ptx_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), PTX)
+out["ptx_jit_mapped"] = sorted({l.split()[-1] for l in open("/proc/self/maps") if "ptxjitcompiler" in l})
+out["cuda_cache_path"] = os.environ.get("CUDA_CACHE_PATH")
+out["cubin_after_ptx"] = (cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), open(sys.argv[1], "rb").read())
+                          if os.path.exists(sys.argv[1]) else None)
 state = ctypes.c_void_p()
 out["cuLinkCreate"] = cuda.cuLinkCreate_v2(0, None, None, ctypes.byref(state))
 out["cuLinkAddData"] = cuda.cuLinkAddData_v2(state, 1, PTX, len(PTX), b"twice.ptx", 0, None, None)  # CU_JIT_INPUT_PTX
@@ -369,9 +376,6 @@ dev, ctx, mod, fn, dptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p(), 
 cuda.cuDeviceGet(ctypes.byref(dev), 0)
 cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 cuda.cuCtxSetCurrent(ctx)
-out["ptx_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), PTX)
-out["ptx_jit_mapped"] = sorted({l.split()[-1] for l in open("/proc/self/maps") if "ptxjitcompiler" in l})
-out["cuda_cache_path"] = os.environ.get("CUDA_CACHE_PATH")
 if os.path.exists(sys.argv[1]):
     out["cubin_load"] = cuda.cuModuleLoadData(ctypes.byref(mod), open(sys.argv[1], "rb").read())
     cuda.cuModuleGetFunction(ctypes.byref(fn), mod, b"k")
@@ -383,6 +387,13 @@ if os.path.exists(sys.argv[1]):
     value = ctypes.c_float()
     cuda.cuMemcpyDtoH_v2(ctypes.byref(value), dptr, 4)
     out["kernel_wrote"] = value.value
+# the PTX after the cubin: on the H200 a cubin loaded after the refused PTX (221) failed with 999, so the order tells
+# whether the cubin needs the JIT library or only the context was left broken by the refusal
+out["ptx_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), PTX)
+out["ptx_jit_mapped"] = sorted({l.split()[-1] for l in open("/proc/self/maps") if "ptxjitcompiler" in l})
+out["cuda_cache_path"] = os.environ.get("CUDA_CACHE_PATH")
+out["cubin_after_ptx"] = (cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), open(sys.argv[1], "rb").read())
+                          if os.path.exists(sys.argv[1]) else None)
 print("RESULT " + json.dumps(out))
 '''
 

@@ -302,10 +302,13 @@ PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.posix_spawn", "
 
 
 def process_hook(events: list[str]) -> Any:
-    """An audit hook appending each process start to events (os.fork's event has no arguments)."""
+    """An audit hook appending each process start to events (os.fork's event has no arguments), with the innermost
+    frames outside the standard library that started it (what started it is the first question a FAIL asks)."""
     def hook(event: str, args: tuple) -> None:
         if event in PROCESS_EVENTS:
-            events.append(f"{event}:{str(args[0])[:60] if args else ''}")
+            frames = [f"{os.path.basename(f.filename)}:{f.lineno}" for f in traceback.extract_stack()[:-1]
+                      if "/subprocess.py" not in f.filename and "/ctypes/util.py" not in f.filename][-8:]
+            events.append(f"{event}:{str(args[0])[:60] if args else ''} <- {' < '.join(reversed(frames))}")
     return hook
 
 
@@ -331,11 +334,30 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import triton
 
+    if not interpret and torch.cuda.is_available():
+        # what a server has done before it serves: CUDA up, and cuda.pathfinder imported (its import runs
+        # ctypes.util.find_library: ldconfig, then gcc and file where ldconfig lacks libdl; the Qwen3.5 steps reach
+        # it after the window opened on the H200), as check_gdn_flashinfer's _before_counting does
+        torch.cuda.init()
+        try:
+            import cuda.pathfinder  # noqa: F401
+        except ImportError:
+            pass
+
     # `import torch` itself starts processes on some machines (torch.cuda imports cuda.pathfinder, whose
     # ctypes.util.find_library("dl") runs ldconfig, then gcc and file where ldconfig does not list libdl: seen on the
     # H200): a server pays that (and `import triton`) before any plugin loads, so the count that must be 0 starts
     # here; those are reported apart (before_plugins: none taken out once a nojit module is imported)
     import_events = before_plugins(events)
+    if args.child == "loader":
+        # In a server the plugin installs nojit before vLLM imports the model's modules, and the Triton room answers
+        # Triton's driver then (loader/runtimes/triton/face.py). FLA's ops/utils.py asks the driver at import
+        # (_check_platform -> driver.active.get_current_target()): asked first, Triton's real driver builds
+        # cuda_utils (ldconfig, file, gcc on the H200, session 11). So the driver is answered here, before the call
+        # sites are imported, as in a server; install() below finds it answered.
+        from nojit.loader.runtimes.triton.driver import answer_from_torch
+
+        answer_from_torch()
 
     # Memory the step allocates with torch.empty and a kernel leaves partly unwritten (the rejection sampler's
     # [num_reqs, k + 1] sampled tokens past a rejection, its per-request logsumexps) is read again by later kernels;
