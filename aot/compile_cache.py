@@ -29,6 +29,9 @@ from typing import Any
 
 from nojit.aot.bundle_writer import atomic_file
 from nojit.aot.faces import CompileResult
+# sha256 of a file's bytes (the compiler code that goes into a runtime's inputs): one function for the build and the
+# loader (the bundle wheel's record), so the planners import it from here
+from nojit.loader.bundle.installed import file_sha256  # noqa: F401
 
 SCHEMA = 1  # of the entry files; part of every digest
 _MAX_META = 1 << 20
@@ -41,12 +44,6 @@ def canonical(obj: Any) -> bytes:
 def digest_of(inputs: dict[str, Any]) -> str:
     """The entry name for these inputs (canonical JSON, schema included)."""
     return hashlib.sha256(canonical({"schema": SCHEMA, "inputs": inputs})).hexdigest()
-
-
-def file_sha256(path: str) -> str:
-    """sha256 of a file's bytes: for the compiler code that goes into a runtime's inputs."""
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 class ArtifactCache:

@@ -82,6 +82,8 @@ def _read_info(info_path: str, dist: str) -> tuple[str, str]:
 
 
 def file_sha256(path: str) -> str:
+    """sha256 of a file's bytes, read in 1 MiB chunks (bundles are tens of MB): the bundle wheel's record, the
+    build's compile-cache inputs (aot/compile_cache.py) and the device tools all use this one."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
