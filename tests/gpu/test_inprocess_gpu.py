@@ -7,7 +7,8 @@ Each side runs in a fresh process (the driver reads CUDA_DISABLE_PTX_JIT once, a
   driver's linker takes the same PTX (cuLinkAddData_v2) and links a cubin: the control, so the strict side can fail.
 - `strict`: strict mode's guards up before cuInit. Every one of those PTX loads is refused: cuda.bindings raises
   CompileForbiddenError, the C entries answer CUDA_ERROR_JIT_COMPILATION_DISABLED (223) from nojit's stubs with an
-  event line (CUDA_DISABLE_PTX_JIT=1 alone did not stop a raw PTX image on the H200, driver 580.159.04); the linker
+  event line (CUDA_DISABLE_PTX_JIT=1 alone did not stop a raw PTX image already in the driver's JIT cache on the H200,
+  driver 580.159.04: test_what_cuda_disable_ptx_jit_does_with_an_empty_and_a_filled_jit_cache); the linker
   answers 223 too; a cubin (made by NVRTC in its own process, when the nvidia-cuda-nvrtc wheel is there) loads
   through every entry as with strict mode off, and its kernel, loaded through the patched cuModuleLoadData (the
   trampoline to the original), runs and writes its value over a poisoned buffer.
@@ -126,8 +127,9 @@ try:  # cudart (CUDA 12.5+), which takes its driver entries from cuGetProcAddres
     out["cudart_ptx_load"] = cudart.cudaLibraryLoadData(ctypes.byref(ctypes.c_void_p()), PTX, None, None, 0, None, None, 0)
 except (ImportError, IndexError, OSError, AttributeError):
     pass
-# a fatbin holding only that PTX (no SASS): JIT-compiled by the driver despite CUDA_DISABLE_PTX_JIT=1 (H200, driver
-# 580), so refused by nojit's fatbin check under strict mode; one with sm_90 SASS too loads and its kernel runs
+# a fatbin holding only that PTX (no SASS): loaded by the driver despite CUDA_DISABLE_PTX_JIT=1 (H200, driver 580; after
+# the control had compiled the same PTX into the JIT cache), so refused by nojit's fatbin check under strict mode; one
+# with sm_90 SASS too loads and its kernel runs
 out["ptx_fatbin_load"] = cuda.cuModuleLoadData(ctypes.byref(ctypes.c_void_p()), bytes.fromhex(PTX_FATBIN))
 mod, fn, dptr = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint64()
 out["sass_fatbin_load"] = cuda.cuModuleLoadData(ctypes.byref(mod), bytes.fromhex(SASS_FATBIN))
