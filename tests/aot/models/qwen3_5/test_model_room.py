@@ -87,6 +87,8 @@ with pytest.raises(BuildError, match=r"block_size = 1088: vLLM aligns .* to 1056
     model.check_deployment(dataclasses.replace(t, block_size=1088))
 with pytest.raises(BuildError, match=r"\[serving\] gdn_prefill_backend = 'sycl': vLLM says: .*only supported on XPU"):
     model.check_deployment(dataclasses.replace(d, gdn_prefill_backend="sycl"))
+with pytest.raises(BuildError, match=r"gdn_prefill_backend = 'aiter_flydsl': vLLM says: .*ROCm AITER backend"):
+    model.check_deployment(dataclasses.replace(d, gdn_prefill_backend="aiter_flydsl"))
 with pytest.raises(BuildError, match=r"gdn_prefill_backend = 'fla': vLLM's --gdn-prefill-backend takes one of"):
     model.check_deployment(dataclasses.replace(d, gdn_prefill_backend="fla"))
 assert "gdn_prefill_backend" not in d.as_dict() and t.as_dict()["gdn_prefill_backend"] == "triton"
