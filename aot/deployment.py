@@ -43,6 +43,9 @@ class Deployment:
     platform: PlatformFacts
     cutedsl: bool
     extra: dict[str, Any] = field(default_factory=dict)
+    # vLLM's --gdn-prefill-backend (additional_config gdn_prefill_backend) as written; None: vLLM's own "auto".
+    # Which backend that makes is the GDN model room's to resolve (aot/models/qwen3_5/config.py).
+    gdn_prefill_backend: str | None = None
 
     @property
     def spec_decode(self) -> bool:
@@ -53,6 +56,8 @@ class Deployment:
         d["platform"] = self.platform.as_dict()
         d["model_runners"] = list(self.model_runners)
         del d["hf_config"]
+        if d["gdn_prefill_backend"] is None:  # unset: the plans of deployments that never name it stay as they were
+            del d["gdn_prefill_backend"]
         d["hf_config_sha256"] = hashlib.sha256(json.dumps(self.hf_config, sort_keys=True).encode()).hexdigest()
         return d
 
@@ -178,6 +183,7 @@ def load_deployment(ref: str = DEFAULT_DEPLOYMENT) -> Deployment:
             deep_gemm=plat.get("deep_gemm", bool, True),
         ),
         cutedsl=plat.get("cutedsl", bool, True),
+        gdn_prefill_backend=serving.get("gdn_prefill_backend", str, None),
     )
 
 

@@ -77,6 +77,10 @@
 #            autotuner enumerated here, the bundle built from that plan, mode a (Triton benchmarks the bundled cubins),
 #            `nojit tune`, mode b (winners pre-filled, no benchmark) vs the JIT's autotuner from an empty cache with each
 #            chosen config forced, outputs poisoned, bit-compared (tests/gpu/checks/check_autotune.py)
+#   autotune-qwen  the autotune check on Qwen3.5's Triton GDN prefill (NOJIT_AUTOTUNE_CASES=qwen: FLA's
+#            chunk_gated_delta_rule as vLLM's forward_native calls it with the built-in deployment's layer, six autotuned
+#            kernels in one call; the JIT side forces all of a's, then b's, winners at once), on .device-qwen/vllm_src;
+#            needs .device-qwen and .whl carried (`python tools/prepare_qwen_device.py`)
 #   qwen     issue 24's must-show 2: vLLM's own Qwen3.5 call sites (.device-qwen/vllm_src, tests/gpu/checks/
 #            qwen_call_site_steps.py: the GDN layer's fused-norm core, the attention layers' QK-norm/RoPE/gate, the
 #            routed experts' fused_moe_kernel with vLLM's tile config, the prefix-cache copy) on a prefill, an MTP
@@ -244,6 +248,10 @@ PY
     autotune)
       python3 tests/gpu/checks/check_autotune.py --vllm-src .device/vllm_src --work $W/autotune \
         --json "$OUT/check_autotune.json" 2>&1 | tail -60 || rc=1
+      ;;
+    autotune-qwen)  # .device-qwen from tools/prepare_qwen_device.py on the build box
+      NOJIT_AUTOTUNE_CASES=qwen python3 tests/gpu/checks/check_autotune.py --vllm-src .device-qwen/vllm_src \
+        --work $W/autotune-qwen --json "$OUT/check_autotune_qwen.json" 2>&1 | tail -60 || rc=1
       ;;
     qwen)  # .device-qwen from tools/prepare_qwen_device.py on the build box
       Q=.device-qwen

@@ -9,18 +9,24 @@ dtypes, the Qwen3.5 `mamba_ssm_dtype` taking over `auto`, models/config.py:953-9
 attention block until an attention page covers it and pads the Mamba page to exactly the
 attention page (platforms/interface.py:940-1131). Page sizes come from vLLM's own spec classes
 (`MambaSpec`, `FullAttentionSpec`); the alignment rule is restated with its lines.
+
+Which GDN prefill the server runs (`gdn_prefill_backend`: FlashInfer's CuTeDSL kernel or FLA's Triton chunk
+kernels) is vLLM's own `_resolve_gdn_prefill_backend` on the deployment's setting, asked here only; it decides
+the prefill rows (gdn_prefill.py, fla_prefill.py) and, through the checkpoint alignment, the block size.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
+from nojit.aot.models.qwen3_5.fla_host import import_fla
 from nojit.aot.models.runner import KVCacheGroup
 from nojit.aot.vllm_env import import_kernel_module
 
@@ -30,6 +36,9 @@ FLASH_ATTN_KERNEL_BLOCK = 16
 # mamba_cache_mode "align" (models/config.py:763-779) and, with FlashInfer's GDN prefill (the sm_90 default),
 # a 64-token checkpoint alignment (v1/attention/backends/gdn_attn.py:34; gdn/qwen_gdn_linear_attn.py:692-702).
 FLASHINFER_GDN_CHECKPOINT_ALIGNMENT = 64
+GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
+# vLLM's --gdn-prefill-backend choices (engine/arg_utils.py:1948-1952) and additional_config's default
+GDN_PREFILL_BACKENDS = ("auto", "flashinfer", "triton", "cutedsl", "aiter_flydsl", "sycl")
 DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE, FlashAttention's preferred size
 
 
@@ -65,6 +74,21 @@ def _torch_dtype(name: str | None, default: torch.dtype) -> torch.dtype:
     return getattr(torch, str(name).removeprefix("torch."))
 
 
+def gdn_prefill_backend(d: Deployment) -> str:
+    """The GDN prefill backend the server runs: vLLM's `_resolve_gdn_prefill_backend` (gdn/qwen_gdn_linear_attn.py:
+    148-270) on the deployment's platform with `additional_config = {"gdn_prefill_backend": ...}` as
+    `--gdn-prefill-backend` sets it (engine/arg_utils.py:2865); unset is vLLM's "auto" (FlashInfer on sm_90).
+    Needs the deployment platform installed (the deployment rules install it)."""
+    import_fla(d.platform)  # the GDN layer's module imports FLA: first with the GPU's answers (fla_host.py)
+    additional = {} if d.gdn_prefill_backend is None else {"gdn_prefill_backend": d.gdn_prefill_backend}
+    tc = text_config(d.hf_config)
+    config = SimpleNamespace(additional_config=additional, model_config=SimpleNamespace(
+        dtype=getattr(torch, d.dtype),
+        hf_text_config=SimpleNamespace(linear_key_head_dim=tc.get("linear_key_head_dim"),
+                                       linear_value_head_dim=tc.get("linear_value_head_dim"))))
+    return str(import_kernel_module(GDN)._resolve_gdn_prefill_backend(config)[1])
+
+
 def gdn_facts(d: Deployment) -> GdnFacts:
     tc = text_config(d.hf_config)
     tp = d.tensor_parallel_size
@@ -91,8 +115,11 @@ def gdn_facts(d: Deployment) -> GdnFacts:
     attn_1 = kvi.FullAttentionSpec(block_size=1, num_kv_heads=max(1, kv_heads // tp), head_size=head_dim,
                                    dtype=kv_dtype).page_size_bytes
     # platforms/interface.py:1066-1102: kernel alignment max(min kernel block, block size), lcm'd with the
-    # checkpoint alignment in "align" mode; the smallest multiple whose page covers the Mamba page.
-    align = math.lcm(max(FLASH_ATTN_KERNEL_BLOCK, DEFAULT_BLOCK_SIZE), FLASHINFER_GDN_CHECKPOINT_ALIGNMENT)
+    # checkpoint alignment in "align" mode; the smallest multiple whose page covers the Mamba page. Only
+    # FlashInfer's prefill declares a checkpoint alignment (gdn/qwen_gdn_linear_attn.py:691-702); with FLA's
+    # (triton) the layers declare none and vLLM lcm's with 1 (mamba/abstract.py:98-113).
+    checkpoint = FLASHINFER_GDN_CHECKPOINT_ALIGNMENT if gdn_prefill_backend(d) == "flashinfer" else 1
+    align = math.lcm(max(FLASH_ATTN_KERNEL_BLOCK, DEFAULT_BLOCK_SIZE), checkpoint)
     block = align * -(-mamba_page // (align * attn_1))
     block = FLASH_ATTN_KERNEL_BLOCK * -(-block // FLASH_ATTN_KERNEL_BLOCK)
     return GdnFacts(h=nk // tp, hv=nv // tp, k=k, v=v, conv_kernel_size=width, conv_dtype=conv_dtype,

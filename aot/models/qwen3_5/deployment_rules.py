@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nojit.aot.deployment import Deployment, field_error
-from nojit.aot.models.qwen3_5.config import gdn_facts
+from nojit.aot.models.qwen3_5.config import GDN_PREFILL_BACKENDS, gdn_facts, gdn_prefill_backend
 from nojit.aot.vllm_env import install_deployment_platform
 
 SPECULATIVE_METHODS = (None, "mtp", "qwen3_next_mtp", "qwen3_5_mtp")  # the model's own MTP layer, or none
@@ -18,7 +18,17 @@ def check_deployment(d: Deployment) -> None:
     if d.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise field_error(d.source, "serving", "kv_cache_dtype",
                           f"= {d.kv_cache_dtype!r}: the Qwen rows know the model-dtype cache only (auto)")
+    if d.gdn_prefill_backend is not None and d.gdn_prefill_backend not in GDN_PREFILL_BACKENDS:
+        raise field_error(d.source, "serving", "gdn_prefill_backend",
+                          f"= {d.gdn_prefill_backend!r}: vLLM's --gdn-prefill-backend takes one of {GDN_PREFILL_BACKENDS}")
     install_deployment_platform(d.platform)  # what the build does next; gdn_facts asks vLLM for page sizes
+    try:
+        backend = gdn_prefill_backend(d)
+    except (ValueError, RuntimeError) as exc:  # vLLM refuses sycl / aiter_flydsl off their platforms
+        raise field_error(d.source, "serving", "gdn_prefill_backend", f"= {d.gdn_prefill_backend!r}: vLLM says: {exc}")
+    if backend not in ("flashinfer", "triton"):
+        raise field_error(d.source, "serving", "gdn_prefill_backend",
+                          f"= {d.gdn_prefill_backend!r}: vLLM would run {backend!r}; the rows know flashinfer and triton")
     block = gdn_facts(d).block_size
     if d.block_size != block:
         raise field_error(d.source, "serving", "block_size",

@@ -23,7 +23,7 @@ import torch
 
 from nojit.aot.deployment import Deployment
 from nojit.aot.models.qwen3_5.call_sites import token_counts
-from nojit.aot.models.qwen3_5.config import gdn_facts
+from nojit.aot.models.qwen3_5.config import gdn_facts, gdn_prefill_backend
 from nojit.aot.vllm_env import import_kernel_module
 
 SITE = "nojit.aot.models.qwen3_5.gdn_prefill:prefill"
@@ -33,7 +33,10 @@ SEQS = (1, 2, 3)  # FlashInfer's CP choice turns on the sequence count (H200, 32
 
 def calls(d: Deployment) -> list[dict[str, Any]]:
     """One call per (tokens, sequences, checkpoints): token counts as the room's other sites, 1-3 sequences
-    and the most the chunk holds; checkpoints every block where the chunk spans one."""
+    and the most the chunk holds; checkpoints every block where the chunk spans one. None unless the deployment's
+    GDN prefill backend is FlashInfer's (with triton: fla_prefill.py)."""
+    if gdn_prefill_backend(d) != "flashinfer":
+        return []
     f = gdn_facts(d)
     layer = {"h": f.h, "hv": f.hv, "k": f.k, "v": f.v, "dtype": d.dtype,
              "state_dtype": str(f.state_dtype).removeprefix("torch.")}

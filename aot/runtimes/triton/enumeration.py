@@ -21,7 +21,7 @@ from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
 from nojit.aot.runtimes.triton.autotune import Tuning, recording_autotuners
 from nojit.aot.runtimes.triton.compiler import key_for_call
-from nojit.aot.runtimes.triton.rows import DerivedKernel, TritonOwner
+from nojit.aot.runtimes.triton.rows import DerivedKernel, TritonOwner, TritonSite
 from nojit.aot.runtimes.triton.source_parts import source_parts
 from nojit.aot.runtimes.triton.sources import resolve_kernel
 from nojit.aot.vllm_env import import_kernel_module
@@ -154,6 +154,27 @@ def enumerate_calls(thunk: Any, origin: str) -> list[TritonRequest]:
     with recording_jit_calls() as calls, recording_autotuners(calls) as tuned:
         thunk()
     return _requests(calls, tuned, origin)
+
+
+def enumerate_site(site: TritonSite, deployment: Deployment) -> list[TritonRequest]:
+    """Every Triton call one call site row makes for this deployment (autotuned ones with their tuning keys);
+    a kernel the row does not name, or a reached site that launches nothing, is an error."""
+    reached: list[bool] = []
+    try:
+        requests = enumerate_calls(lambda: reached.append(site.run(deployment) is not False), f"site:{site.site}")
+    except (BuildError, NoJitError):
+        raise
+    except Exception as exc:
+        raise BuildError(f"vLLM's call site {site.site} failed on the stand-in GPU: {type(exc).__name__}: {exc}",
+                         fix="check the deployment values; if they are right, report this to nojit") from exc
+    unknown = sorted({r.kernel for r in requests} - set(site.kernels))
+    if unknown:
+        raise BuildError(f"vLLM's call site {site.site} reached Triton kernels its row does not name: {unknown}",
+                         fix="add them to the row's kernels in the model's tables (aot/models/)")
+    if not requests and reached and reached[0]:
+        raise BuildError(f"vLLM's call site {site.site} launched no Triton kernel",
+                         fix="report this to nojit with the vLLM version")
+    return requests
 
 
 def _requests(calls: list[tuple[Any, tuple, dict]], tuned: dict[int, Tuning], origin: str) -> list[TritonRequest]:

@@ -24,6 +24,7 @@ from nojit.aot.runtimes.triton.enumeration import (
     dedupe,
     enumerate_derived,
     enumerate_owner,
+    enumerate_site,
     record_source_parts,
     kernel_info,
 )
@@ -50,6 +51,10 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
         for derived in tables.derived:
             if selection.in_groups(derived.groups) and selection.wants(derived.kernel):
                 add_requests(p, enumerate_derived(derived, d), None, derived.site)
+        for site in tables.sites:
+            if selection.in_groups(site.groups) and any(selection.wants(k) for k in site.kernels):
+                wanted = [r for r in enumerate_site(site, d) if selection.wants(r.kernel)]
+                add_requests(p, wanted, None, site.site)
 
 
 def add_requests(p: Plan, requests: list[TritonRequest], owner: str | None, site: str) -> None:

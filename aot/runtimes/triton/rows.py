@@ -10,6 +10,10 @@ states the call exactly as the call site makes it (argument kinds: tensor dtype 
 alignment, int values of each Triton class, constexprs; and launch options), as a function
 of the deployment, with the file:line it was read from. Its keys are computed by Triton's own
 binder, as for declared kernels. The rows themselves live with their model (aot/models/).
+
+A `TritonSite` runs a call site itself (vLLM's own Python on the stand-in GPU) while the JIT and
+Triton's `Autotuner.run` are recorded: for autotuned kernels, whose tuning keys and pruned
+configs only Triton's own Autotuner computes (autotune.py), so a row cannot state them.
 """
 
 from __future__ import annotations
@@ -54,12 +58,22 @@ class DerivedKernel:
 
 
 @dataclass(frozen=True)
+class TritonSite:
+    kernels: tuple[str, ...]  # "module:qualname" of every JITFunction the site may reach (any other is an error)
+    site: str  # vLLM 0.33.0 file:line of the call this runs
+    run: Callable[[Deployment], "bool | None"]  # runs the call site; False: the deployment does not reach it
+    why: str
+    groups: tuple[str, ...] = ("dsv4",)
+
+
+@dataclass(frozen=True)
 class TritonTables:
     """A model's Triton rows, in planning order."""
 
     owners: tuple[TritonOwner, ...]
     derived: tuple[DerivedKernel, ...]
     vllm_config: Callable[[Deployment], Any]  # the slice of VllmConfig the owners' warmup-key providers read
+    sites: tuple[TritonSite, ...] = ()
 
 
 def once(d: Deployment) -> list[dict[str, Any]]:

@@ -17,6 +17,11 @@ Passes when, for every case, a's and b's winners are among the configs the JIT's
 equals (bit for bit) the JIT's output with that config, b benchmarked nothing, and nothing compiled in a and b.
 Outputs are poisoned (torch.empty/empty_like fill NaN / the integer maximum) before each run.
 
+NOJIT_AUTOTUNE_CASES=qwen drives Qwen3.5's Triton GDN prefill instead (`--gdn-prefill-backend triton`): FLA's
+`chunk_gated_delta_rule` as vLLM's `forward_native` calls it with the built-in deployment's layer (16 key / 32 value
+heads of 128, bf16, fp32 gates and state, two sequences, an initial state, no in-kernel l2norm): six autotuned kernels
+in one call, so the JIT side forces all of a's (then b's) winners at once and the output is compared with that run.
+
     python3 tests/gpu/checks/check_autotune.py --vllm-src .device/vllm_src --work /tmp/w/autotune [--json OUT.json]
     python3 tests/gpu/checks/check_autotune.py --list-sources --vllm-src SITE   (what tools/prepare_device.py carries)
 """
@@ -35,12 +40,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 
 OPS = "vllm.third_party.flash_linear_attention.ops"
-MODULES = (f"{OPS}.cumsum", f"{OPS}.solve_tril")
+CASE_SET = os.environ.get("NOJIT_AUTOTUNE_CASES", "fla")  # children inherit it
+MODULES = {"fla": (f"{OPS}.cumsum", f"{OPS}.solve_tril"),
+           "qwen": (f"{OPS}.chunk", f"{OPS}.cumsum", f"{OPS}.chunk_scaled_dot_kkt", f"{OPS}.solve_tril",
+                    f"{OPS}.wy_fast", f"{OPS}.chunk_delta_h", f"{OPS}.chunk_o")}[CASE_SET]
+
+
+def qwen_cases(device: str) -> list[tuple[str, Any]]:
+    """FLA's chunk_gated_delta_rule with vLLM's forward_native arguments for Qwen3.5-35B-A3B at TP 1
+    (aot/models/qwen3_5/fla_prefill.py): q, k l2-normalized as fused_post_conv_prep leaves them."""
+    import torch
+    import torch.nn.functional as F
+
+    chunk = sys.modules[f"{OPS}.chunk"]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    T, H, HV, D = 300, 16, 32, 128
+    q, k = (F.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1).to(device, torch.bfloat16) for _ in range(2))
+    v = torch.randn(1, T, HV, D, generator=gen).to(device, torch.bfloat16)
+    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen)).to(device)
+    beta = torch.sigmoid(torch.randn(1, T, HV, generator=gen)).to(device)
+    h0 = (torch.randn(2, HV, D, D, generator=gen) * 0.05).to(device)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32, device=device)
+
+    def call() -> Any:
+        o, ht = chunk.chunk_gated_delta_rule(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                                             cu_seqlens=cu, use_qk_l2norm_in_kernel=False)
+        return torch.cat([o.float().reshape(-1), ht.reshape(-1)])
+    return [("qwen_chunk_gdr", call)]
 
 
 def cases(device: str) -> list[tuple[str, Any]]:
     """(name, thunk) per call: FLA's public functions as vLLM's GDN prefill calls them (chunk size 64)."""
     import torch
+
+    if CASE_SET == "qwen":
+        return qwen_cases(device)
 
     cumsum, solve_tril = (sys.modules[m] for m in MODULES)
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -217,7 +251,12 @@ def role_jit(args: argparse.Namespace) -> dict:
         for k, a in tuners.items():
             if k in first["autotuned"]:
                 considered[k] = sorted(_config(c) for c in getattr(a, "configs_timings", {}) or {a.best_config: 0})
-        out[name] = {"jit": first, "considered": considered, "forced": {}}
+        out[name] = {"jit": first, "considered": considered, "forced": {}, "forced_sides": {}}
+        for side, chosen in forced.get(name, {}).pop("__sides__", {}).items():  # several autotuners: all at once
+            for k, cid in chosen.items():
+                (key,) = [x for x in dict.keys(tuners[k].cache) if repr(x) in first["autotuned"][k]["new_keys"]]
+                dict.__setitem__(tuners[k].cache, key, {_config(c): c for c in tuners[k].configs}[cid])
+            out[name]["forced_sides"][side] = _run_case(thunk, tuners)
         for k, configs in forced.get(name, {}).items():
             a = tuners[k]
             (key,) = [x for x in dict.keys(a.cache) if repr(x) in first["autotuned"][k]["new_keys"]]
@@ -290,8 +329,12 @@ def main() -> int:
     print("tune:", tuned, flush=True)
     bb = run("b", args, "--bundle", f"{w}/fla.tuned.nojit")
     forced: dict[str, dict[str, list[str]]] = {}
-    for side in (a, bb):
+    for label, side in (("a", a), ("b", bb)):
         for name, case in side["cases"].items():
+            if len(case["autotuned"]) > 1:  # one output from several autotuners: the JIT runs with all of them
+                forced.setdefault(name, {}).setdefault("__sides__", {})[label] = {
+                    k: ran["config"] for k, ran in case["autotuned"].items()}
+                continue
             for k, ran in case["autotuned"].items():
                 forced.setdefault(name, {}).setdefault(k, [])
                 if ran["config"] not in forced[name][k]:
@@ -312,7 +355,9 @@ def main() -> int:
                 rows.append(f"{name:14} {mode}: FAIL no autotuned kernel ran")
             for k, ran in case["autotuned"].items():
                 among = ran["config"] in j["considered"].get(k, [])
-                same = j["forced"].get(ran["config"], {}).get("output") == case["output"]
+                forced_run = (j["forced_sides"].get(mode) if len(case["autotuned"]) > 1
+                              else j["forced"].get(ran["config"]))
+                same = (forced_run or {}).get("output") == case["output"]
                 no_bench = mode == "a" or case["benchmarks"] == 0
                 good = among and same and no_bench
                 ok &= good

@@ -62,6 +62,42 @@ print("GDN FACTS OK")
     assert p.returncode == 0 and "GDN FACTS OK" in p.stdout, p.stderr[-3000:]
 
 
+def test_gdn_prefill_backend_as_vllm_resolves_it_and_the_block_it_makes():
+    """The setting is vLLM's --gdn-prefill-backend, resolved by vLLM's own _resolve_gdn_prefill_backend on the
+    stand-in H200: unset (the default deployment) is FlashInfer's; triton drops FlashInfer's 64-token checkpoint
+    alignment, so the block is 1056 (1056 x 2048 bytes = the GDN page exactly), and the built-in triton deployment
+    says so; values vLLM refuses or the rows do not know are field errors."""
+    body = f"""
+import dataclasses, pytest
+from nojit.aot.deployment import load_deployment
+from nojit.aot.errors import BuildError
+from nojit.aot.models import model_for
+from nojit.aot.models.qwen3_5.config import gdn_facts, gdn_prefill_backend
+
+d = load_deployment({QWEN!r})
+t = load_deployment("builtin:qwen3.5-35b-a3b-fp8-h200-gdn-triton.toml")
+model = model_for(d.hf_config, d.hf_config_source)
+model.check_deployment(d)
+model.check_deployment(t)
+assert d.gdn_prefill_backend is None and gdn_prefill_backend(d) == "flashinfer" and gdn_facts(d).block_size == 1088
+assert t.gdn_prefill_backend == "triton" and gdn_prefill_backend(t) == "triton" and gdn_facts(t).block_size == 1056
+assert 1056 * 2048 == 2162688
+assert gdn_prefill_backend(dataclasses.replace(d, gdn_prefill_backend="cutedsl")) == "triton"  # vLLM's sm_90 fallback
+with pytest.raises(BuildError, match=r"block_size = 1088: vLLM aligns .* to 1056"):
+    model.check_deployment(dataclasses.replace(t, block_size=1088))
+with pytest.raises(BuildError, match=r"\[serving\] gdn_prefill_backend = 'sycl': vLLM says: .*only supported on XPU"):
+    model.check_deployment(dataclasses.replace(d, gdn_prefill_backend="sycl"))
+with pytest.raises(BuildError, match=r"gdn_prefill_backend = 'aiter_flydsl': vLLM says: .*ROCm AITER backend"):
+    model.check_deployment(dataclasses.replace(d, gdn_prefill_backend="aiter_flydsl"))
+with pytest.raises(BuildError, match=r"gdn_prefill_backend = 'fla': vLLM's --gdn-prefill-backend takes one of"):
+    model.check_deployment(dataclasses.replace(d, gdn_prefill_backend="fla"))
+assert "gdn_prefill_backend" not in d.as_dict() and t.as_dict()["gdn_prefill_backend"] == "triton"
+print("BACKEND OK")
+"""
+    p = subprocess.run([sys.executable, "-c", body], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "BACKEND OK" in p.stdout, p.stderr[-3000:]
+
+
 def test_inductor_check_reads_vllms_compilation_config():
     from types import SimpleNamespace
 
