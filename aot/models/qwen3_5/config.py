@@ -79,14 +79,17 @@ def gdn_prefill_backend(d: Deployment) -> str:
     148-270) on the deployment's platform with `additional_config = {"gdn_prefill_backend": ...}` as
     `--gdn-prefill-backend` sets it (engine/arg_utils.py:2865); unset is vLLM's "auto" (FlashInfer on sm_90).
     Needs the deployment platform installed (the deployment rules install it)."""
-    import_fla(d.platform)  # the GDN layer's module imports FLA: first with the GPU's answers (fla_host.py)
+    import_fla(d.platform, check=False)  # the GDN layer's module imports FLA: first with the GPU's answers (fla_host.py)
     additional = {} if d.gdn_prefill_backend is None else {"gdn_prefill_backend": d.gdn_prefill_backend}
     tc = text_config(d.hf_config)
     config = SimpleNamespace(additional_config=additional, model_config=SimpleNamespace(
         dtype=getattr(torch, d.dtype),
         hf_text_config=SimpleNamespace(linear_key_head_dim=tc.get("linear_key_head_dim"),
                                        linear_value_head_dim=tc.get("linear_value_head_dim"))))
-    return str(import_kernel_module(GDN)._resolve_gdn_prefill_backend(config)[1])
+    backend = str(import_kernel_module(GDN)._resolve_gdn_prefill_backend(config)[1])
+    if backend == "triton":  # FLA's autotuned kernels are planned: their config lists must be the H200's
+        import_fla(d.platform)
+    return backend
 
 
 def gdn_facts(d: Deployment) -> GdnFacts:

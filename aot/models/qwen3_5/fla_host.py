@@ -57,9 +57,11 @@ def _gpu_answers(facts: PlatformFacts) -> Iterator[None]:
         torch.cuda.device_count = count  # type: ignore[assignment]
 
 
-def import_fla(facts: PlatformFacts) -> Any:
+def import_fla(facts: PlatformFacts, check: bool = True) -> Any:
     """FLA's ops as the deployment's GPU configures them; the deployment platform must be installed. If FLA was
-    imported before (its answers are cached for the process), its answers are checked instead."""
+    imported before (its answers are cached for the process), its answers are checked instead, when `check`: the
+    rows that plan FLA's autotuned kernels need them; resolving which prefill backend runs does not (a process that
+    imported vLLM's model first, as the strict-startup probe does, may still plan the FlashInfer prefill)."""
     if facts.capability not in MAX_SHARED_MEM_OPTIN:
         raise BuildError(f"no opt-in shared memory known for compute capability {facts.capability}",
                          fix="nojit builds for sm_90 only")
@@ -67,7 +69,7 @@ def import_fla(facts: PlatformFacts) -> Any:
         with _gpu_answers(facts):
             import_kernel_module(FLA_OPS)
     utils = import_kernel_module(FLA_UTILS)
-    if not (utils.is_nvidia and utils.is_nvidia_hopper and utils.check_shared_mem()):
+    if check and not (utils.is_nvidia and utils.is_nvidia_hopper and utils.check_shared_mem()):
         raise BuildError("vLLM's FLA was imported in this build process before nojit answered its GPU questions: "
                          "its autotune configs are not the H200's (is_nvidia_hopper "
                          f"{utils.is_nvidia_hopper}, check_shared_mem {utils.check_shared_mem()})",
