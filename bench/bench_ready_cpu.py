@@ -12,8 +12,9 @@ Both sides run in fresh processes of ONE interpreter (--python, default this one
 editable) and one site-packages; only the nojit tree differs
 (the editable install's finder is pointed at --old-root or --new-root before nojit is imported), so the numbers
 compare code, not environments. Sides alternate, each step --repeat times; the table gives the best and the median
-CPU time (user + system of the process, which a loaded shared box inflates less than wall time) and the median wall
-time.
+CPU time (user + system of the process, which a loaded shared box inflates less than wall time), the median wall
+time, and the median CPU time of the calling thread alone (another thread of the process running meanwhile, which
+the process CPU time counts, does not count there).
 Steps (a fresh runtime folder, XDG_RUNTIME_DIR, where "first" is said; "later" reuses the first's):
   scan            the compiler scan of the site-packages folders (compilers._site_folders over --site)
   landlock first  landlock.enforce in a fresh runtime folder: the compiler search, the exec plan, the ruleset
@@ -54,9 +55,10 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return (r.ru_utime + r.ru_stime) * 1e3
 def timed(f):
-    c, t = cpu(), time.perf_counter()
+    c, t, th = cpu(), time.perf_counter(), time.thread_time()
     out = f()
-    return {"cpu_ms": cpu() - c, "wall_ms": (time.perf_counter() - t) * 1e3, "out": out}
+    return {"cpu_ms": cpu() - c, "wall_ms": (time.perf_counter() - t) * 1e3, "thread_ms": (time.thread_time() - th) * 1e3,
+            "out": out}
 import nojit.loader
 assert nojit.loader.__file__.startswith(root), nojit.loader.__file__
 if step == "scan":
@@ -198,16 +200,18 @@ def main() -> int:
                 w = child(args.python, root, "install", args.bundle, env, worker="firewall")
                 add("install worker fw", side, w["install"])
     print(f"{'step':17s} {'CPU ms: old best / median':>26s} {'new best / median':>20s} {'wall ms: old median':>20s} "
-          f"{'new median':>11s}  what")
+          f"{'new median':>11s} {'thread ms: old / new':>21s}  what")
     table = {}
     for name, by in rows.items():
-        med = {side: {k: statistics.median(r[k] for r in by[side]) for k in ("cpu_ms", "wall_ms")} for side in by}
+        med = {side: {k: statistics.median(r.get(k, 0.0) for r in by[side]) for k in ("cpu_ms", "wall_ms", "thread_ms")}
+               for side in by}
         best = {side: min(r["cpu_ms"] for r in by[side]) for side in by}
         what = by["new"][-1].get("out")
         table[name] = {**med, "best_cpu_ms": best, "out": what, "steps_new": by["new"][-1].get("steps"),
                        "steps_old": by["old"][-1].get("steps")}
         print(f"{name:17s} {best['old']:17.1f} / {med['old']['cpu_ms']:6.1f} {best['new']:11.1f} / "
-              f"{med['new']['cpu_ms']:6.1f} {med['old']['wall_ms']:20.1f} {med['new']['wall_ms']:11.1f}  {what}")
+              f"{med['new']['cpu_ms']:6.1f} {med['old']['wall_ms']:20.1f} {med['new']['wall_ms']:11.1f} "
+              f"{med['old']['thread_ms']:12.1f} / {med['new']['thread_ms']:6.1f}  {what}")
     for name in ("install later", "install worker", "install worker fw"):
         if name in table:
             print(f"install steps (ms, last run): old {table[name]['steps_old']}\n                           new "
