@@ -3,12 +3,18 @@
     python bench/bench_ready_cpu.py --old-root /work/main --new-root . [--python PY] [--bundle B.nojit] [--repeat 3]
                                     [--plan PLAN.json] [--deepgemm-so EXT.so] [--json OUT]
 
+--only STEP,STEP runs only those steps (names as below; "install" for the three install rows and the rows
+measured in their processes). Python's bytecode: nojit's modules imported inside a timed step are compiled from
+source when no .pyc can be read or written (PYTHONDONTWRITEBYTECODE=1 and no __pycache__, as a fresh checkout run
+that way has): the table says which (a pip-installed nojit has its bytecode).
+
 Both sides run in fresh processes of ONE interpreter (--python, default this one: a venv with nojit installed
 editable) and one site-packages; only the nojit tree differs
 (the editable install's finder is pointed at --old-root or --new-root before nojit is imported), so the numbers
 compare code, not environments. Sides alternate, each step --repeat times; the table gives the best and the median
-CPU time (user + system of the process, which a loaded shared box inflates less than wall time) and the median wall
-time.
+CPU time (user + system of the process, which a loaded shared box inflates less than wall time), the median wall
+time, and the median CPU time of the calling thread alone (another thread of the process running meanwhile, which
+the process CPU time counts, does not count there).
 Steps (a fresh runtime folder, XDG_RUNTIME_DIR, where "first" is said; "later" reuses the first's):
   scan            the compiler scan of the site-packages folders (compilers._site_folders over --site)
   landlock first  landlock.enforce in a fresh runtime folder: the compiler search, the exec plan, the ruleset
@@ -22,6 +28,9 @@ Steps (a fresh runtime folder, XDG_RUNTIME_DIR, where "first" is said; "later" r
   prepare         every Triton kernel of --bundle prepared after that install (what the preflight does)
   install worker  install(strict) of --bundle in a child of a process that enforced Landlock: a vLLM worker of a
                   strict tree, which inherits the domain (landlock.enforce answers "inherited")
+  install worker fw  the same in a child of a process that put the firewall up and enforced Landlock, as the
+                  plugin's install() does in vLLM's engine core: a spawned worker inherits both (the firewall's
+                  folder through NOJIT_FIREWALL_DIR, firewall._inherited), which is what a real worker gets
   deepgemm slots  with --deepgemm-so: DeepGEMM's popen/pclose PLT slots found in its extension
 No GPU: the deployment's stand-in H200 answers device questions; nothing is launched.
 """
@@ -46,9 +55,10 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return (r.ru_utime + r.ru_stime) * 1e3
 def timed(f):
-    c, t = cpu(), time.perf_counter()
+    c, t, th = cpu(), time.perf_counter(), time.thread_time()
     out = f()
-    return {"cpu_ms": cpu() - c, "wall_ms": (time.perf_counter() - t) * 1e3, "out": out}
+    return {"cpu_ms": cpu() - c, "wall_ms": (time.perf_counter() - t) * 1e3, "thread_ms": (time.thread_time() - th) * 1e3,
+            "out": out}
 import nojit.loader
 assert nojit.loader.__file__.startswith(root), nojit.loader.__file__
 if step == "scan":
@@ -113,17 +123,20 @@ import __editable___nojit_0_1_0_finder as finder
 finder.MAPPING.update({"nojit.aot": os.path.join(root, "aot"), "nojit.loader": os.path.join(root, "loader")})
 os.environ["NOJIT_QUIET"] = "1"
 from nojit.loader.strict import firewall, landlock
+if os.environ.get("BENCH_PARENT_FIREWALL"):
+    firewall.activate(None)  # as install() does before Landlock: the worker inherits NOJIT_FIREWALL_DIR
 assert landlock.enforce(None, firewall.runtime_dir()).state == "on"
 sys.exit(subprocess.call(sys.argv[2:]))
 """
 
 
-def child(python: str, root: str, step: str, arg: str, env: dict[str, str], worker: bool = False) -> dict:
+def child(python: str, root: str, step: str, arg: str, env: dict[str, str], worker: bool | str = False) -> dict:
     """One step in a fresh process; worker: in a child of a process that enforced Landlock (a vLLM worker of a
     strict tree: the domain is inherited, not built again)."""
     cmd = [python, "-c", CHILD, root, step, arg]
     if worker:
         cmd = [python, "-c", PARENT, root, *cmd]
+        env = {**env, "BENCH_PARENT_FIREWALL": "1"} if worker == "firewall" else env
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -144,6 +157,8 @@ def main() -> int:
     ap.add_argument("--deepgemm-so", default="", help="DeepGEMM's extension (_C_extension.abi3.so): time finding "
                     "its popen/pclose slots (the in-process nvcc probe answer's setup)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated steps to run (scan, landlock, deepgemm, slots, "
+                    "install); default all")
     ap.add_argument("--json", default="")
     args = ap.parse_args()
     sides = {"old": os.path.abspath(args.old_root), "new": os.path.abspath(args.new_root)}
@@ -152,19 +167,26 @@ def main() -> int:
     def add(name: str, side: str, r: dict) -> None:
         rows.setdefault(name, {}).setdefault(side, []).append(r)
 
+    only = set(filter(None, args.only.split(","))) or {"scan", "landlock", "deepgemm", "slots", "install"}
+    cached = {side: os.path.isdir(os.path.join(r, "loader", "runtimes", "triton", "__pycache__")) for side, r in sides.items()}
+    print(f"bytecode: PYTHONDONTWRITEBYTECODE {'set' if os.environ.get('PYTHONDONTWRITEBYTECODE') else 'unset'}; "
+          f"__pycache__ there before the run: old {cached['old']}, new {cached['new']}")
     for _ in range(args.repeat):
         for side, root in sides.items():
             env = dict(os.environ)
-            add("scan", side, child(args.python, root, "scan", args.site, env))
+            if "scan" in only:
+                add("scan", side, child(args.python, root, "scan", args.site, env))
             env["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="nojit-bench-")
-            add("landlock first", side, child(args.python, root, "landlock", "", env))
-            add("landlock later", side, child(args.python, root, "landlock", "", env))
+            if "landlock" in only:
+                add("landlock first", side, child(args.python, root, "landlock", "", env))
+                add("landlock later", side, child(args.python, root, "landlock", "", env))
             base = tempfile.mkdtemp(prefix="nojit-bench-dg-")
-            add("deepgemm first", side, child(args.python, root, "deepgemm", base, env))
-            add("deepgemm later", side, child(args.python, root, "deepgemm", base, env))
-            if args.deepgemm_so:
+            if "deepgemm" in only:
+                add("deepgemm first", side, child(args.python, root, "deepgemm", base, env))
+                add("deepgemm later", side, child(args.python, root, "deepgemm", base, env))
+            if args.deepgemm_so and "slots" in only:
                 add("deepgemm slots", side, child(args.python, root, "slots", args.deepgemm_so, env))
-            if args.bundle:
+            if args.bundle and "install" in only:
                 if args.plan:
                     env["BENCH_PLAN"] = os.path.abspath(args.plan)
                 child(args.python, root, "install", args.bundle, env)  # the first process: the stand-ins and caches made
@@ -175,18 +197,22 @@ def main() -> int:
                 add("prepare", side, r["prepare"])
                 w = child(args.python, root, "install", args.bundle, env, worker=True)
                 add("install worker", side, w["install"])
-    print(f"{'step':16s} {'CPU ms: old best / median':>26s} {'new best / median':>20s} {'wall ms: old median':>20s} "
-          f"{'new median':>11s}  what")
+                w = child(args.python, root, "install", args.bundle, env, worker="firewall")
+                add("install worker fw", side, w["install"])
+    print(f"{'step':17s} {'CPU ms: old best / median':>26s} {'new best / median':>20s} {'wall ms: old median':>20s} "
+          f"{'new median':>11s} {'thread ms: old / new':>21s}  what")
     table = {}
     for name, by in rows.items():
-        med = {side: {k: statistics.median(r[k] for r in by[side]) for k in ("cpu_ms", "wall_ms")} for side in by}
+        med = {side: {k: statistics.median(r.get(k, 0.0) for r in by[side]) for k in ("cpu_ms", "wall_ms", "thread_ms")}
+               for side in by}
         best = {side: min(r["cpu_ms"] for r in by[side]) for side in by}
         what = by["new"][-1].get("out")
         table[name] = {**med, "best_cpu_ms": best, "out": what, "steps_new": by["new"][-1].get("steps"),
                        "steps_old": by["old"][-1].get("steps")}
-        print(f"{name:16s} {best['old']:17.1f} / {med['old']['cpu_ms']:6.1f} {best['new']:11.1f} / "
-              f"{med['new']['cpu_ms']:6.1f} {med['old']['wall_ms']:20.1f} {med['new']['wall_ms']:11.1f}  {what}")
-    for name in ("install later", "install worker"):
+        print(f"{name:17s} {best['old']:17.1f} / {med['old']['cpu_ms']:6.1f} {best['new']:11.1f} / "
+              f"{med['new']['cpu_ms']:6.1f} {med['old']['wall_ms']:20.1f} {med['new']['wall_ms']:11.1f} "
+              f"{med['old']['thread_ms']:12.1f} / {med['new']['thread_ms']:6.1f}  {what}")
+    for name in ("install later", "install worker", "install worker fw"):
         if name in table:
             print(f"install steps (ms, last run): old {table[name]['steps_old']}\n                           new "
                   f"{table[name]['steps_new']}")

@@ -178,10 +178,10 @@ def install(
                 inst.handles[runtime.name] = runtime.install(ctx)
                 counts.append(f"{len(ids)} {runtime.display}")
             clock.step(runtime.name)
-        from nojit.loader.launch.cuda_launch import launcher
+        from nojit.loader.launch.cuda_launch import set_device_check
         from nojit.loader.launch.torch_cuda import device_capability
 
-        launcher().device_check = lambda device: check_exact_arch(bundle.index, path, device_capability(device), allow)
+        set_device_check(lambda device: check_exact_arch(bundle.index, path, device_capability(device), allow))
         if mode is Mode.STRICT:
             install_strict_guards()
         clock.step("guards")

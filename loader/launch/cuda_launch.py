@@ -192,13 +192,27 @@ def _fix_for(message: str) -> str:
 
 _launcher: CudaLauncher | None = None
 _launcher_lock = threading.Lock()
+_device_check: Callable[[int], None] | None = None  # install()'s, for a launcher made after it (set_device_check)
 
 
 def launcher() -> CudaLauncher:
-    """The process-wide launcher (created on first use)."""
+    """The process-wide launcher (created on first use, with the device check install() set)."""
     global _launcher
     if _launcher is None:
         with _launcher_lock:
             if _launcher is None:
-                _launcher = CudaLauncher()
+                made = CudaLauncher()
+                made.device_check = _device_check  # before any other thread can see it
+                _launcher = made
     return _launcher
+
+
+def set_device_check(check: Callable[[int], None] | None) -> None:
+    """The check run once per device before its first module load (install(): the GPU against the bundle's
+    target): on the launcher if there is one, else on the one made at the first load. install() does not make
+    the launcher (loading the C extension): a process that launches nothing, vLLM's API server, never pays it."""
+    global _device_check
+    with _launcher_lock:
+        _device_check = check
+        if _launcher is not None:
+            _launcher.device_check = check

@@ -483,10 +483,33 @@ def _hook_loaders() -> None:
     loader.create_module = create_then_rescan  # type: ignore[method-assign]
     torch_cuda = sys.modules.get("torch.cuda")
     if torch_cuda is not None and hasattr(torch_cuda, "_lazy_call"):  # libcuda arrives with torch's CUDA init (C)
-        torch_cuda._lazy_call(rescan)
+        _after_torch_cuda_init(torch_cuda, rescan)
     finder = RunAfterImport(lambda name: name in _WRAPPERS and _state["active"], _guard_wrappers)
     sys.meta_path.insert(0, finder)
     _state["finder"] = finder
+
+
+_QUEUED_AT = ["  queued by nojit.loader.strict.inprocess_guard._hook_loaders (strict mode's install): the rescan that "
+              "patches the libraries torch's CUDA initialization loaded\n"]
+
+
+def _after_torch_cuda_init(torch_cuda: Any, call: Callable[[], Any]) -> None:
+    """What `torch.cuda._lazy_call(call)` does (call now if CUDA is initialized, else queue it for torch's
+    initialization, under torch's lock), without the stack it keeps for the error message of a queued call that
+    fails: traceback.format_stack reads the source file of every calling frame (linecache), which in a vLLM
+    worker (the plugin runs some 40 frames deep) costs milliseconds at each start. The message names this
+    function instead. Where torch's queue is not the one expected, `_lazy_call` itself."""
+    queue = getattr(torch_cuda, "_queued_calls", None)
+    lock = getattr(torch_cuda, "_initialization_lock", None)
+    initialized = getattr(torch_cuda, "is_initialized", None)
+    if type(queue) is not list or lock is None or not callable(initialized):
+        torch_cuda._lazy_call(call)
+        return
+    with lock:
+        if initialized():
+            call()
+        else:
+            queue.append((call, list(_QUEUED_AT)))
 
 
 def _preload_driver() -> None:

@@ -420,3 +420,27 @@ def test_bundle_lookups_refuse_names_of_the_wrong_type(tmp_path):
             call()
     assert len(b.entries("pkg.mod:kernel")) == 1 and b.entries("pkg.mod:other") == ()  # control
     b.close()
+
+
+def test_a_listed_module_that_is_a_link_to_another_file_is_refused(tmp_path, monkeypatch):
+    """A module RECORD lists (`good/linked.py`) replaced by a symlink to a file that is no .py: refused, as the
+    resolved path is checked for any file that is a link (install's fast path, the RECORD line of the unresolved
+    path, is taken only for a file that is no link). Controls: the listed plain module is an installed file, and
+    the link's unresolved path is a RECORD line (what would pass without the resolved-path check)."""
+    import importlib
+
+    from nojit.loader import installed_modules
+
+    site = tmp_path / "site"
+    package = "nojit_fake_dist_link"
+    _fake_distribution(site, package)
+    good = site / package / "good"
+    (good / "data.txt").write_text("k = 'not python'\n")
+    os.symlink(good / "data.txt", good / "linked.py")
+    record = site / f"{package}-1.0.dist-info" / "RECORD"
+    record.write_text(record.read_text() + f"{package}/good/linked.py,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    assert installed_modules.is_installed_file(package, str(good / "mod.py"))  # control: a listed plain file
+    assert f"{package}/good/linked.py" in installed_modules._installed[package][1]  # control: its line is there
+    assert not installed_modules.is_installed_file(package, str(good / "linked.py"))

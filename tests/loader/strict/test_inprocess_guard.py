@@ -421,3 +421,60 @@ def test_nvvm_through_ctypes_is_refused(tmp_path):
     assert out["strict"] == {"rc": 9, "entry": False, "target": False}, out  # NVVM_ERROR_COMPILATION
     events = [json.loads(x) for x in (tmp_path / "strict.jsonl").read_text().splitlines()]
     assert [e for e in events if e.get("symbol") == "nvvmCompileProgram"], events
+
+
+_TORCH_QUEUE = r"""
+import json, sys, threading, traceback, types
+from nojit.loader.strict import inprocess_guard
+case = sys.argv[1]
+m = types.ModuleType("torch.cuda")
+m._queued_calls, m._initialization_lock = [], threading.Lock()
+m.is_initialized = lambda: case == "initialized"
+used = []
+m._lazy_call = lambda call: used.append("_lazy_call")
+if case == "other-torch":
+    del m._queued_calls
+def no_stack(*args, **kwargs):
+    raise AssertionError("format_stack called")
+traceback.format_stack = no_stack
+calls = []
+inprocess_guard._after_torch_cuda_init(m, lambda: calls.append(1))
+queued = getattr(m, "_queued_calls", [])
+for call, stack in queued:  # as torch's _lazy_init runs them, and formats the stack only if one fails
+    assert callable(call) and "".join(stack)
+    call()
+print(json.dumps({"calls": len(calls), "queued": len(queued), "lazy_call": used}))
+"""
+
+
+@pytest.mark.parametrize("case,expected", [("not-initialized", {"calls": 1, "queued": 1, "lazy_call": []}),
+                                           ("initialized", {"calls": 1, "queued": 0, "lazy_call": []}),
+                                           ("other-torch", {"calls": 0, "queued": 0, "lazy_call": ["_lazy_call"]})])
+def test_the_rescan_after_torchs_cuda_init_is_queued_as_lazy_call_would_without_reading_the_stack(case, expected):
+    """strict mode's rescan after torch's CUDA initialization (which loads libcuda from C) is queued on torch's own
+    queue, as `torch.cuda._lazy_call` queues it, or run at once when CUDA is up; the caller's stack, which
+    _lazy_call formats (every calling frame's source file read), is not read. A torch whose queue is not the
+    expected one gets `_lazy_call` itself."""
+    proc = subprocess.run([sys.executable, "-c", _TORCH_QUEUE, case], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == expected
+
+
+def test_the_rescan_queued_on_the_installed_torch_has_the_shape_torch_queues():
+    """On the installed torch: the entry strict mode queues has the shape of those torch queues itself
+    (_check_capability at import): (callable, list of str)."""
+    torch_cuda = pytest.importorskip("torch.cuda")
+    if torch_cuda.is_initialized() or not torch_cuda._queued_calls:
+        pytest.skip("torch's CUDA is initialized (nothing queued)")
+    from nojit.loader.strict import inprocess_guard
+
+    ran = []
+    before = list(torch_cuda._queued_calls)
+    inprocess_guard._after_torch_cuda_init(torch_cuda, lambda: ran.append(1))
+    try:
+        (call, stack), = torch_cuda._queued_calls[len(before):]
+        theirs = before[0]
+        assert type(stack) is type(theirs[1]) is list and all(type(x) is str for x in (*stack, *theirs[1]))
+        assert callable(call) and ran == []
+    finally:
+        torch_cuda._queued_calls[:] = before
