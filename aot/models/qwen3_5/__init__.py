@@ -8,6 +8,7 @@ call_sites.py      the layers' launches per step kind and size, through vLLM's o
 gdn_prefill.py     FlashInfer's CuTeDSL GDN prefill through vLLM's fi_chunk_gated_delta_rule, per chunk shape
 fla_prefill.py     with --gdn-prefill-backend triton: FLA's autotuned chunk kernels through vLLM's forward_native
 fla_host.py        FLA imported with its import-time GPU questions answered as on the H200 (its config lists)
+prefill_inputs.py  the GDN prefill's chunk shapes and input tensors, shared by both backends' rows
 moe.py             fused_moe_kernel per M with vLLM's own tile-config lookup (block-FP8 checkpoints)
 linears.py         the block-FP8 linears' (N, K) for DeepGEMM and FlashInfer's block-FP8 GEMM
 derived.py         the Triton rows

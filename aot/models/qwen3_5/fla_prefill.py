@@ -25,15 +25,14 @@ from typing import Any
 import torch
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.models.qwen3_5.call_sites import token_counts
-from nojit.aot.models.qwen3_5.config import GDN, gdn_facts, gdn_prefill_backend
+from nojit.aot.models.qwen3_5.config import GDN, gdn_prefill_backend
 from nojit.aot.models.qwen3_5.launches import stand_in_device
+from nojit.aot.models.qwen3_5.prefill_inputs import chunk_shapes, layer, tensors
 from nojit.aot.vllm_env import import_kernel_module
 
 GDN_ATTN = "vllm.v1.attention.backends.gdn_attn"
 FLA = "vllm.third_party.flash_linear_attention.ops"
 SITE = "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:1823,1399 -> :434 forward_native"
-SEQS = (1, 2, 3)  # one sequence, a few, and (below) the most a chunk of that size holds
 # Every autotuned JITFunction FLA's chunk path can reach (ops/chunk.py:23-85): the scalar cumsum (g is
 # [B, T, H]), and solve_tril's kernels for each chunk size it supports (vLLM's is 64).
 KERNELS = (
@@ -56,35 +55,26 @@ def calls(d: Deployment) -> list[dict[str, Any]]:
     """One call per (tokens, sequences) of `_forward_core`, and the warmup's; none unless the backend is triton."""
     if gdn_prefill_backend(d) != "triton":
         return []
-    f = gdn_facts(d)
-    layer = {"h": f.h, "hv": f.hv, "k": f.k, "v": f.v, "dtype": d.dtype,
-             "state_dtype": str(f.state_dtype).removeprefix("torch.")}
-    out = [{**layer, "tokens": 64, "seqs": 1, "warmup": True}]  # FLA_CHUNK_SIZE tokens (:1345)
-    for t in token_counts(d):
-        for n in sorted({s for s in (*SEQS, min(t, d.max_num_seqs)) if s <= t}):
-            out.append({**layer, "tokens": t, "seqs": n, "warmup": False})
-    return out
+    facts = layer(d)
+    warmup = {**facts, "tokens": 64, "seqs": 1, "warmup": True}  # FLA_CHUNK_SIZE tokens (:1345)
+    return [warmup, *({**facts, "tokens": t, "seqs": n, "warmup": False} for t, n in chunk_shapes(d))]
 
 
 def prefill(call: dict[str, Any], device: torch.device) -> None:
     """vLLM's forward_native with the arguments `_forward_core` (:1823) or the warmup (:1399) passes."""
     gdn, attn = import_kernel_module(GDN), import_kernel_module(GDN_ATTN)
-    t, n, h, hv, k, v = (call[x] for x in ("tokens", "seqs", "h", "hv", "k", "v"))
-    dtype, state_dtype = getattr(torch, call["dtype"]), getattr(torch, call["state_dtype"])
-    q, key = (torch.empty((t, h, k), dtype=dtype, device=device).unsqueeze(0) for _ in range(2))
-    value = torch.empty((t, hv, v), dtype=dtype, device=device).unsqueeze(0)
-    g, beta = (torch.empty((t, hv), dtype=torch.float32, device=device).unsqueeze(0) for _ in range(2))
-    initial_state = torch.zeros((n, hv, v, k), dtype=state_dtype, device=device)
-    cu_seqlens = torch.tensor([t * i // n for i in range(n + 1)], dtype=torch.int32, device=device)
+    n, hv, k, v = (call[x] for x in ("seqs", "hv", "k", "v"))
+    x = tensors(call, device)
+    initial_state = torch.zeros((n, hv, v, k), dtype=getattr(torch, call["state_dtype"]), device=device)
+    cu_seqlens = x["cu_seqlens"]
     chunk_indices = chunk_offsets = None
     if not call["warmup"]:  # the metadata builder's own code, as it runs for this backend (gdn_attn.py:549-556)
         builder = SimpleNamespace(gdn_prefill_backend="triton")
         chunk_indices, chunk_offsets = attn.GDNAttentionMetadataBuilder._build_chunk_metadata(
             builder, cu_seqlens, cu_seqlens.cpu(), device)
     gdn.ChunkGatedDeltaRule.forward_native(
-        None, q=q, k=key, v=value, g=g, beta=beta, initial_state=initial_state, output_final_state=True,
-        cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
-        use_qk_l2norm_in_kernel=False)
+        None, **x, initial_state=initial_state, output_final_state=True, chunk_indices=chunk_indices,
+        chunk_offsets=chunk_offsets, use_qk_l2norm_in_kernel=False)
 
 
 def run(d: Deployment) -> bool:

@@ -12,7 +12,7 @@ unsqueezed), the initial state is `ssm_state[prefill_state_indices]` (a contiguo
 and cu_seqlens the int32 query start locations. FlashInfer then chooses the kernels itself: its CP route
 (four kernels) when sequences x value heads are few for the device (should_use_cp_host), else one.
 
-Each call is plain JSON (the layer facts it needs with it), so a build worker can make it again.
+Each call is plain JSON (prefill_inputs.py: the shapes and tensors shared with fla_prefill.py).
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from typing import Any
 import torch
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.models.qwen3_5.call_sites import token_counts
 from nojit.aot.models.qwen3_5.config import gdn_facts, gdn_prefill_backend
+from nojit.aot.models.qwen3_5.prefill_inputs import chunk_shapes, layer, tensors
 from nojit.aot.vllm_env import import_kernel_module
 
 SITE = "nojit.aot.models.qwen3_5.gdn_prefill:prefill"
 GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
-SEQS = (1, 2, 3)  # FlashInfer's CP choice turns on the sequence count (H200, 32 heads: CP for 1 and 2)
 
 
 def calls(d: Deployment) -> list[dict[str, Any]]:
@@ -37,27 +36,17 @@ def calls(d: Deployment) -> list[dict[str, Any]]:
     GDN prefill backend is FlashInfer's (with triton: fla_prefill.py)."""
     if gdn_prefill_backend(d) != "flashinfer":
         return []
-    f = gdn_facts(d)
-    layer = {"h": f.h, "hv": f.hv, "k": f.k, "v": f.v, "dtype": d.dtype,
-             "state_dtype": str(f.state_dtype).removeprefix("torch.")}
-    out = []
-    for t in token_counts(d):
-        for n in sorted({s for s in (*SEQS, min(t, d.max_num_seqs)) if s <= t}):
-            for every in (0, f.block_size) if t >= f.block_size else (0,):
-                out.append({**layer, "tokens": t, "seqs": n, "checkpoint_every": every})
-    return out
+    block, facts = gdn_facts(d).block_size, layer(d)
+    return [{**facts, "tokens": t, "seqs": n, "checkpoint_every": every}
+            for t, n in chunk_shapes(d) for every in ((0, block) if t >= block else (0,))]
 
 
 def prefill(call: dict[str, Any], device: torch.device) -> None:
     """vLLM's fi_chunk_gated_delta_rule as `_forward_core` calls it (:1823 / :1846)."""
     gdn = import_kernel_module(GDN)
-    t, n, h, hv, k, v = (call[x] for x in ("tokens", "seqs", "h", "hv", "k", "v"))
-    dtype, state_dtype = getattr(torch, call["dtype"]), getattr(torch, call["state_dtype"])
-    q, key = (torch.empty((t, h, k), dtype=dtype, device=device).unsqueeze(0) for _ in range(2))
-    value = torch.empty((t, hv, v), dtype=dtype, device=device).unsqueeze(0)
-    g, beta = (torch.empty((t, hv), dtype=torch.float32, device=device).unsqueeze(0) for _ in range(2))
-    initial_state = torch.empty((n, hv, v, k), dtype=state_dtype, device=device)
-    cu_seqlens = torch.tensor([t * i // n for i in range(n + 1)], dtype=torch.int32, device=device)
+    t, n, hv, k, v = (call[x] for x in ("tokens", "seqs", "hv", "k", "v"))
+    x = tensors(call, device)
+    initial_state = torch.empty((n, hv, v, k), dtype=getattr(torch, call["state_dtype"]), device=device)
     every = call["checkpoint_every"]
     kwargs: dict[str, Any] = {}
     if every:
@@ -67,6 +56,5 @@ def prefill(call: dict[str, Any], device: torch.device) -> None:
                                                    device=device)[: starts[-1]],
                   "checkpoint_cu_starts": torch.tensor(starts, dtype=torch.int64, device=device),
                   "checkpoint_every_n_tokens": every}
-    gdn.fi_chunk_gated_delta_rule(q=q, k=key, v=value, g=g, beta=beta, initial_state=initial_state,
-                                  output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=False,
-                                  **kwargs)
+    gdn.fi_chunk_gated_delta_rule(**x, initial_state=initial_state, output_final_state=True,
+                                  use_qk_l2norm_in_kernel=False, **kwargs)
