@@ -443,6 +443,11 @@ def _strict_parent(tmp_path, unreadable: bool) -> dict:
     env.pop("NOJIT_LANDLOCK_ACTIVE", None)
     p = subprocess.run([sys.executable, str(tmp_path / "parent.py"), str(work), str(tmp_path / "child.py"), str(cubin)],
                        capture_output=True, text=True, timeout=600, env=env, cwd=str(work))
+    return _last_result(p)
+
+
+def _last_result(p: subprocess.CompletedProcess) -> dict:
+    """The last `RESULT {json}` line a script printed; none is a failure showing its stderr."""
     lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, p.stderr[-3000:]
     return json.loads(lines[-1][7:])
@@ -500,9 +505,7 @@ def test_what_cuda_disable_ptx_jit_does_with_an_empty_and_a_filled_jit_cache(tmp
             env["CUDA_DISABLE_PTX_JIT"] = "1"
         p = subprocess.run([sys.executable, str(tmp_path / "child.py"), str(tmp_path / "none.cubin")],
                            capture_output=True, text=True, timeout=300, env=env)
-        lines = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-        assert lines, p.stderr[-3000:]
-        return json.loads(lines[-1][7:])
+        return _last_result(p)
 
     empty_disabled = child(True)
     compiled = child(False)
