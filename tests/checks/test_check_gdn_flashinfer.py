@@ -189,3 +189,18 @@ sys.exit(c.main())
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
     assert r.returncode == 1 and "NEGATIVE CONTROL: FAIL" in r.stdout and "LD_PRELOAD" in r.stdout, \
         r.stdout + r.stderr[-2000:]
+
+
+def test_cp_cases_take_flashinfers_cp_route_on_an_h200_and_the_others_its_fused_kernel():
+    """The route each case asserts on the H200 is the one FlashInfer's own heuristic picks there (sequences x value
+    heads against the H200's 132 SMs, varlen_helper.should_use_cp_host): CP_CASES on the CP route, CASES not."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu", "checks"))
+    from check_gdn_prefill import CASES, CP_CASES, HV
+    from flashinfer.gdn_kernels.delta_rule_dsl.varlen_helper import should_use_cp_host
+
+    def cp(lengths: list[int]) -> bool:
+        return should_use_cp_host(len(lengths) * HV, 132, "NVIDIA H200", device_capability=(9, 0))
+
+    assert [cp(c[1]) for c in CP_CASES] == [True] * len(CP_CASES)
+    assert [cp(c[1]) for c in CASES] == [False] * len(CASES)
+    assert {c[2] for c in CP_CASES} == {0, 64}  # both CPDeltaRulePrefillSm90 keys (checkpoints or not)

@@ -53,7 +53,8 @@
 #   gdn-fi   the same prefill launched by FlashInfer's own Python: vLLM's fi_chunk_gated_delta_rule (.device-gdnfi/vllm_src
 #            mounted) -> FlashInfer's chunk_gated_delta_rule -> its cached_compile lookup, answered by nojit's strict
 #            loader from .device-gdnfi/gdn.nojit (cute.runtime.load_module: CuTeDSL's MLIR library and C runtime
-#            carried), launched on the H200 vs the float64 gated delta rule (3 and 5 sequences, checkpoints every 64),
+#            carried), launched on the H200 vs the float64 gated delta rule (fused route: 3 and 5 sequences, checkpoints
+#            every 64; CP route: 1 sequence, 2 with checkpoints; each case asserts the kernel classes looked up),
 #            outputs NaN-poisoned, 0 compiles (FlashInfer's cache answered N of N), 0 processes (C guard preloaded);
 #            then the negative control: the bundle less the 3-sequence key, strict refusal naming it, nothing compiled
 #            (tests/gpu/checks/check_gdn_flashinfer.py). TWO calls on one warm machine (the MLIR library alone is

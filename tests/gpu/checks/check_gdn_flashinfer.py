@@ -12,8 +12,11 @@ cu_seqlens, checkpoints from the caller's buffer) runs FlashInfer's `chunk_gated
 it on the H200. If vLLM's module does not import there, FlashInfer's entry is called with the arguments vLLM's
 function builds (`vllm_call_kwargs`; the CPU half checks them against vLLM's own function), and the output says so.
 
-Cases and reference: check_gdn_prefill.py's (3 sequences, 5 sequences, checkpoints every 64; its inputs, its float64
-recurrence, its comparison and spoiled-output control: one place for them). The outputs FlashInfer allocates (o, the
+Cases and reference: check_gdn_prefill.py's (its inputs, its float64 recurrence, its comparison and spoiled-output
+control: one place for them): CASES (3 sequences, 5 sequences, checkpoints every 64), which FlashInfer's wrapper
+sends to its fused kernel, and CP_CASES (1 sequence; 2 sequences with checkpoints every 64), which it sends to its
+CP route (three precompute kernels, then the CP prefill). Each case asserts the kernel classes FlashInfer looked up
+(its route), from the keys its cache was asked for. The outputs FlashInfer allocates (o, the
 final state) are NaN-poisoned as allocated (check_flashinfer_launch.Poison) and must be among the poisoned
 allocations; the checkpoint buffer is the caller's, filled with NaN. Counters: FlashInfer's cache lookups and how
 many nojit answered (N of N), objects loaded, `cute.compile` reached (strict mode's guard records every attempt;
@@ -51,6 +54,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, HERE)
 RUNTIME = "flashinfer_cute"
 FULLY_FUSED = "_FullyFusedDeltaRuleSm90"
+CP_ROUTE = ("CPDeltaRuleTPrecomputeSm90", "CPDeltaRuleMNPrecomputeSm90", "CPDeltaRuleFixupHmmaSm90",
+            "CPDeltaRulePrefillSm90")
 DIR = os.path.join(ROOT, ".device-gdnfi")
 IR_DIR = os.path.join(ROOT, ".device-gdnfi-ir")
 MLIR_LIBS = ("nvidia_cutlass_dsl", "dsl_packages", "cutlass", "_mlir", "_mlir_libs")
@@ -208,11 +213,18 @@ class Lookups:
     install, or stored after a compile, is a lookup but not an answer from the bundle)."""
 
     def __init__(self, cache: Any) -> None:
+        from nojit.loader.bundle import fi_cute_key
+
         self.calls = self.answered = 0
+        self.kernels: list[str] = []  # the class (qualname) of each looked-up key, in order
         self.cache, real = cache, cache.get
 
         def get(key: Any, default: Any = None) -> Any:
             self.calls += 1
+            try:
+                self.kernels.append(fi_cute_key.kernel_of(fi_cute_key.key_to_json(key)).rpartition(":")[2])
+            except ValueError:
+                self.kernels.append(repr(key)[:80])
             fn = real(key, default)
             self.answered += fn is not None and any(fn is v for v in cache.loaded.values())
             return fn
@@ -259,13 +271,16 @@ def start(bundle: str, vllm_src: str) -> dict[str, Any]:
     return s
 
 
-def run_case(call: Any, name: str, lengths: list[int], every: int, seed: int) -> dict[str, Any]:
-    """One prefill as vLLM's `_forward_core` makes it ([1, T, heads, dim] operands, g = log alpha, int32 cu_seqlens)."""
+def run_case(call: Any, lookups: Lookups, route: tuple[str, ...], name: str, lengths: list[int], every: int,
+             seed: int) -> dict[str, Any]:
+    """One prefill as vLLM's `_forward_core` makes it ([1, T, heads, dim] operands, g = log alpha, int32 cu_seqlens);
+    `route`: the kernel classes FlashInfer's wrapper must look up for it (no other)."""
     import torch
     from check_flashinfer_launch import Poison
     from check_gdn_prefill import HV, compare, inputs, reference
 
-    r: dict[str, Any] = {"case": name, "lengths": lengths, "every": every}
+    r: dict[str, Any] = {"case": name, "lengths": lengths, "every": every, "route": list(route)}
+    first = len(lookups.kernels)
     x = inputs(lengths, seed, "cuda")
     g = torch.log(x["alpha"])
     x["alpha"] = torch.exp(g)  # what FlashInfer receives (vLLM passes exp(g))
@@ -288,7 +303,8 @@ def run_case(call: Any, name: str, lengths: list[int], every: int, seed: int) ->
         torch.cuda.synchronize()
         r["poisoned"] = poison.hit(o) and poison.hit(state)
         r.update(compare({"o": o[0], "state": state, "ckpt": kw.get("state_checkpoints")}, ref, every))
-        r["ok"] = bool(r["ok"] and r["poisoned"])
+        r["looked_up"] = sorted(set(lookups.kernels[first:]))
+        r["ok"] = bool(r["ok"] and r["poisoned"] and r["looked_up"] == sorted(route))
     except Exception as exc:  # noqa: BLE001 - reported per case
         r.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:600]}")
     return r
@@ -296,7 +312,7 @@ def run_case(call: Any, name: str, lengths: list[int], every: int, seed: int) ->
 
 def serving_check(args: argparse.Namespace) -> int:
     import check_flashinfer_launch as fl
-    from check_gdn_prefill import CASES, TOL
+    from check_gdn_prefill import CASES, CP_CASES, TOL
 
     result: dict[str, Any] = {"ok": False}
     sys.addaudithook(fl._audit_hook)
@@ -326,7 +342,8 @@ def serving_check(args: argparse.Namespace) -> int:
 
     guard.nojit_guard_set_mode(1)  # from here every process start and NVRTC compile is refused
     t0 = time.perf_counter()
-    cases = [run_case(call, *c) for c in CASES]
+    cases = ([run_case(call, lookups, (FULLY_FUSED,), *c) for c in CASES]
+             + [run_case(call, lookups, CP_ROUTE, *c) for c in CP_CASES])
     result["launch_seconds"] = round(time.perf_counter() - t0, 2)
     guard.nojit_guard_set_mode(0)
     end = fl.counts(guard)  # from before the install: the imports' processes count too
@@ -338,14 +355,15 @@ def serving_check(args: argparse.Namespace) -> int:
                   python_process_events=list(fl._audit))
     for c in cases:
         print(f"  {'ok  ' if c['ok'] else 'FAIL'} {c['case']}: {c.get('errors') or c.get('error')} poisoned: "
-              f"{c.get('poisoned')} control rejected: {c.get('control_rejected')}")
+              f"{c.get('poisoned')} control rejected: {c.get('control_rejected')}; looked up {c.get('looked_up')}"
+              f"{'' if c.get('looked_up') == sorted(c['route']) else ' (expected ' + str(sorted(c['route'])) + ')'}")
     zero = (counters["compile_attempts_refused"] == 0 and counters["misses"] == 0 and counters["c_processes"] == 0
             and counters["nvrtc_compiles"] == 0 and counters["python_processes"] == 0)
-    answered = lookups.calls >= len(cases) and lookups.answered == lookups.calls  # one per call on the fused route
+    answered = lookups.calls >= len(cases) and lookups.answered == lookups.calls  # >= one per call on either route
     result["ok"] = ready and zero and answered and all(c["ok"] and c.get("control_rejected") for c in cases)
     print(f"{sum(c['ok'] for c in cases)}/{len(cases)} GDN prefill cases within {TOL} of float64 via {s['via']}; "
           f"FlashInfer's cache answered {lookups.answered} of {lookups.calls} lookups from the bundle "
-          f"({counters['objects_loaded']} objects loaded by cute.runtime.load_module); compile attempts refused "
+          f"({counters['objects_loaded']} objects loaded by cute.runtime.load_module: {sorted(set(lookups.kernels))}); compile attempts refused "
           f"{counters['compile_attempts_refused']} {list(guards.compile_attempts)}; processes {counters['c_processes'] + counters['python_processes']}, "
           f"NVRTC {counters['nvrtc_compiles']}")
     print("GDN-FI:", "PASS" if result["ok"] else "FAIL")

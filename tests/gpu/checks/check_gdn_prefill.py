@@ -157,6 +157,10 @@ def compare(out: dict[str, Any], ref: tuple[Any, Any, Any], every: int) -> dict[
 
 CASES = (("3 sequences", [200, 64, 17], 0, 1), ("5 sequences", [129, 64, 3, 300, 80], 0, 2),
          ("checkpoints every 64", [256, 130, 64], 64, 3))
+# FlashInfer's CP route: 1 or 2 sequences x 32 value heads is below its H200 parallelism threshold
+# (varlen_helper.should_use_cp_host), so its wrapper runs the CP kernels; only check_gdn_flashinfer.py runs these
+# (the direct-call step above calls the fused kernel's objects)
+CP_CASES = (("1 sequence (CP route)", [1000], 0, 4), ("2 sequences (CP route), checkpoints every 64", [384, 130], 64, 5))
 
 
 def run_cases(fns: dict[str, tuple[Any, dict]], sm_count: int) -> list[dict[str, Any]]:
