@@ -15,6 +15,16 @@ from typing import Any
 from nojit.loader.errors import NoJitError
 
 
+def _runtimes(args: argparse.Namespace) -> frozenset[str]:
+    """--runtime, or every registered runtime: each model's room decides what a runtime plans for it (Qwen3.5's GDN
+    prefill needs flashinfer_cute, DeepSeek-V4 plans nothing there), so a default build misses none."""
+    if args.runtime:
+        return frozenset(args.runtime.split(","))
+    from nojit.aot.runtimes import RUNTIMES
+
+    return frozenset(RUNTIMES)
+
+
 def _build(args: argparse.Namespace) -> int:
     from nojit.aot.build import BuildOptions, build
     from nojit.aot.deployment import DEFAULT_DEPLOYMENT, default_deployment_text, load_deployment
@@ -34,7 +44,7 @@ def _build(args: argparse.Namespace) -> int:
         deployment=deployment,
         groups=set(args.groups.split(",")) if args.groups else None,
         kernels=args.kernels.split(",") if args.kernels else None,
-        runtimes=frozenset(args.runtime.split(",")),
+        runtimes=_runtimes(args),
         jobs=args.jobs,
         add_keys=args.add_keys or [],
         plan_in=args.from_plan,
@@ -112,7 +122,7 @@ def _build_many(args: argparse.Namespace) -> int:
         return 2
     opts = BuildOptions(output="", groups=set(args.groups.split(",")) if args.groups else None,
                         kernels=args.kernels.split(",") if args.kernels else None,
-                        runtimes=frozenset(args.runtime.split(",")), jobs=args.jobs, add_keys=args.add_keys or [],
+                        runtimes=_runtimes(args), jobs=args.jobs, add_keys=args.add_keys or [],
                         generic=args.generic, progress=not args.quiet, ray=args.ray)
     if args.cache_dir:
         opts.cache_dir = args.cache_dir
@@ -199,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--ray", metavar="ADDRESS", help="compile on this Ray cluster (auto, ray://host:port); needs nojit[ray]")
     b.add_argument("--groups", help="comma-separated kernel groups to build (default: all the deployment reaches)")
     b.add_argument("--kernels", help="comma-separated substrings: build only kernels whose id contains one")
-    b.add_argument("--runtime", default="triton,tilelang,cutedsl,deepgemm,flashinfer,humming",
-                   help="comma list of triton, tilelang, cutedsl, deepgemm, flashinfer, humming (default: all; without "
-                        "deepgemm and flashinfer the build runs no nvcc; humming compiles with NVRTC)")
+    b.add_argument("--runtime", help="comma list of triton, tilelang, cutedsl, flashinfer_cute, deepgemm, flashinfer, "
+                   "humming (default: all; without deepgemm and flashinfer the build runs no nvcc; humming compiles "
+                   "with NVRTC)")
     b.add_argument("-j", "--jobs", type=int, default=max(1, os.cpu_count() or 1), help="compile workers")
     b.add_argument("--add-keys", action="append", metavar="FILE", help="merge keys recorded with NOJIT_MODE=record")
     b.add_argument("--emit-plan", metavar="FILE", help="also write the compile plan as JSON")

@@ -91,3 +91,19 @@ def test_bad_deployment_file_names_the_field(tmp_path):
     dep.write_text("name = [unclosed")
     p = run_cli("build", "--deployment", str(dep), check=False)
     assert p.returncode == 2 and "is not valid TOML" in p.stderr
+
+
+def test_default_runtimes_are_every_registered_runtime():
+    """`nojit build` with no --runtime plans every runtime nojit registers: a Qwen3.5 bundle built with the default
+    command holds FlashInfer's GDN prefill keys (flashinfer_cute), which the CLI's old default list left out, so a
+    strict server refused its first prefill. --help names each of them."""
+    import argparse
+
+    from nojit.aot import cli
+    from nojit.aot.runtimes import RUNTIMES
+
+    assert cli._runtimes(argparse.Namespace(runtime=None)) == frozenset(RUNTIMES)
+    assert "flashinfer_cute" in RUNTIMES
+    assert cli._runtimes(argparse.Namespace(runtime="triton,deepgemm")) == {"triton", "deepgemm"}
+    text = run_cli("build", "--help").stdout
+    assert all(name in text for name in RUNTIMES), text
