@@ -10,9 +10,10 @@ for the given shapes at the given M, and copies what the device needs into the i
                                     (27 MiB that only a compile reads)
     .device/deepgemm/lib/           libcudart.so.13, which the extension links against
 Usage: python tools/prepare_deepgemm_device.py [--shapes attention.wq_b,attention.wo_a,mhc.pre,...] [--ms 1,31,...] [-j N]
-       python tools/prepare_deepgemm_device.py --deployment aot/data/qwen3.5-35b-a3b-fp8-h200.toml \
+       python tools/prepare_deepgemm_device.py --deployment aot/data/qwen3.5-35b-a3b-fp8-h200.toml [--every-entry] \
            --shapes linear_attn.in_proj_qkvz,linear_attn.out_proj,self_attn.qkv_proj,self_attn.o_proj,mlp --ms 32,...
-                                                (another deployment: its model's DeepGEMM rows, as `nojit build` plans them)
+                                                (another deployment: its model's DeepGEMM rows, as `nojit build` plans
+                                                them; Qwen3.5's 97 entries, --every-entry: about 5 min at -j1 here)
        python tools/prepare_deepgemm_device.py --every-entry   (every entry of the default deployment checked once)
        python tools/prepare_deepgemm_device.py --every-entry --shapes indexer.prefill,indexer.decode,indexer.schedule
                                                 (every entry of those shapes; M over the whole enumerated range)
