@@ -84,3 +84,45 @@ def test_logits_cases_pass_an_exact_kernel_and_fail_a_wrong_one(monkeypatch, wro
             assert not wrong or result["max_err_rel"] > 5e-3
             seen.add(op)
     assert seen == {"fp8_fp4_mqa_logits", "fp8_fp4_paged_mqa_logits", "get_paged_mqa_logits_metadata"}
+
+
+QWEN_SHAPES = ["linear_attn.in_proj_qkvz", "linear_attn.out_proj", "self_attn.qkv_proj", "self_attn.o_proj", "mlp"]
+
+
+def test_prepare_tool_takes_the_entries_the_qwen_plan_has_at_those_m(tmp_path) -> None:
+    """tools/prepare_deepgemm_device.py --deployment <Qwen3.5>: its shapes are the model's (not DeepSeek-V4's), its names
+    select by their first words, and the entries it compiles for --ms are the ones `nojit build --plan-only` plans for
+    those M (max_num_batched_tokens cut to 600 so the plan enumerates in seconds)."""
+    import json
+    import shutil
+
+    from nojit.aot.deployment import load_deployment
+    from nojit.aot.runtimes.deepgemm import enumerate as en
+    from tests.support.common import ROOT, run_cli
+
+    try:
+        en.find_nvcc()
+    except Exception:  # noqa: BLE001
+        pytest.skip("no CUDA toolkit (cuda.h, nvcc --version) on this box")
+    if not shutil.which(os.environ.get("CC", "cc")):
+        pytest.skip("no C compiler")
+    text = open(os.path.join(ROOT, "aot", "data", "qwen3.5-35b-a3b-fp8-h200.toml")).read()
+    assert "max_num_batched_tokens = 8192" in text
+    toml = tmp_path / "qwen.toml"
+    toml.write_text(text.replace("max_num_batched_tokens = 8192", "max_num_batched_tokens = 600"))
+    run_cli("build", "--deployment", str(toml), "--runtime", "deepgemm", "--plan-only", "--emit-plan",
+            str(tmp_path / "plan.json"), "--quiet")
+    calls = [(c, r["key"]) for r in json.load(open(tmp_path / "plan.json"))["requests"] for c in r["extra"]["calls"]]
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from prepare_deepgemm_device import choose, select_shapes
+
+    d, ms = load_deployment(str(toml)), [32, 33, 64, 100, 513, 600]
+    shapes, chosen, only = choose(d, QWEN_SHAPES, ms, str(tmp_path / "work"))
+    names = {c[0] for c, _ in calls}
+    assert list(shapes) == ["fp8_gemm_nt"] and chosen == names and len(names) == 6
+    assert only == {key for c, key in calls if any(c[3] <= m <= c[4] for m in ms)}
+    assert len(only) < len({key for _, key in calls})  # those M reach fewer entries than the plan holds
+    assert {n.split(" ")[1] for n in select_shapes(sorted(names), ["mlp"])} == {"gate_up_proj", "down_proj"}
+    assert len(select_shapes(sorted(names), ["mlp down_proj", "self_attn.o_proj"])) == 2
+    with pytest.raises(SystemExit, match="(?s)attention.wq_b: no such DeepGEMM shape.*linear_attn.in_proj_qkvz"):
+        select_shapes(sorted(names), ["attention.wq_b"])  # DeepSeek-V4's default names fail loudly here

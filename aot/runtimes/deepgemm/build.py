@@ -4,7 +4,8 @@
 and compiles the chosen entries through the same compile cache as `nojit build` (compile.py). It
 returns (section, cubins, stats): the section loader/runtimes/deepgemm/cache.py documents and the cubins by
 sha256. `only` limits which entries are compiled; every key is still enumerated and listed, and
-the keys whose entry was not compiled are returned in `section["not_compiled"]`.
+the keys whose entry was not compiled are returned in `section["not_compiled"]`. `shapes` is the model's
+rows (enumerate_keys), DeepSeek-V4's by default.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.compile import compile_entry, deep_gemm_dir, portable_flags
 from nojit.aot.runtimes.deepgemm.enumerate import enumerate_keys
+from nojit.aot.runtimes.deepgemm.shapes import GemmShape
 from nojit.loader.runtimes.deepgemm.cache import compress_keys
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "nojit")
@@ -25,12 +27,13 @@ DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "nojit")
 
 def build_deepgemm_section(d: Deployment, work: str, jobs: int = 1, only: set[str] | None = None,
                            ms: list[int] | None = None, extra_keys: list[dict] | None = None,
-                           cache_dir: str = DEFAULT_CACHE) -> tuple[dict[str, Any], dict[str, bytes], dict[str, float]]:
+                           cache_dir: str = DEFAULT_CACHE, shapes: dict[str, list[GemmShape]] | None = None,
+                           ) -> tuple[dict[str, Any], dict[str, bytes], dict[str, float]]:
     import vllm.envs as envs
     import vllm.third_party.deep_gemm as dg
 
     start = time.monotonic()
-    en = enumerate_keys(d, work, ms=ms, extra_keys=extra_keys)
+    en = enumerate_keys(d, work, ms=ms, extra_keys=extra_keys, shapes=shapes)
     enumerated = time.monotonic()
     names = sorted(en.entries())
     chosen = [n for n in names if only is None or n in only]

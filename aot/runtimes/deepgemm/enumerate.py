@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from nojit.aot.deployment import Deployment
-from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes, op_row
+from nojit.aot.runtimes.deepgemm.shapes import GemmShape, deepgemm_shapes, op_row
 from nojit.aot.errors import BuildError
 
 
@@ -106,11 +106,14 @@ def build_stand_ins(work: str, nvcc: str) -> dict[str, str]:
 
 
 def enumerate_keys(d: Deployment, work: str, ms: list[int] | None = None, nvcc: str | None = None,
-                   extra_keys: list[dict] | None = None) -> Enumeration:
+                   extra_keys: list[dict] | None = None,
+                   shapes: dict[str, list[GemmShape]] | None = None) -> Enumeration:
     """Every shape of every op at every M in `ms` (default 1..max_num_batched_tokens), plus `extra_keys`
-    ({"op", "n", "k", "m"}, e.g. recorded by NOJIT_MODE=record) for shapes or M outside that."""
+    ({"op", "n", "k", "m"}, e.g. recorded by NOJIT_MODE=record) for shapes or M outside that. `shapes`: the
+    model's rows (its DeepGemmTables.shapes(d)); default DeepSeek-V4's."""
     ms = ms or list(range(1, d.max_num_batched_tokens + 1))
-    ops = [op_row(op, s, ms, d.platform.sm_count) for op, shapes in deepgemm_shapes(d).items() for s in shapes]
+    shapes = deepgemm_shapes(d) if shapes is None else shapes
+    ops = [op_row(op, s, ms, d.platform.sm_count) for op, rows in shapes.items() for s in rows]
     for extra in extra_keys or []:
         ops.append(recorded_op(extra))
     return enumerate_ops(ops, d.platform.sm_count, d.platform.pdl, work, nvcc)

@@ -131,6 +131,7 @@ def main() -> int:
            "fp8_fp4_mqa_logits": _mqa_logits_case, "fp8_fp4_paged_mqa_logits": _paged_mqa_logits_case,
            "get_paged_mqa_logits_metadata": _paged_mqa_logits_case}
     os.access("/nojit-deepgemm-calls-begin", os.F_OK)  # markers for device_run.sh's exec trace
+    guard_before = _guard_processes()
     for row in rows:
         for i, m in enumerate(row["ms"]):
             expected = cache.find_key(section, row["op"], row["n"], row["k"], m, row["name"])
@@ -145,12 +146,27 @@ def main() -> int:
             result["cases"].append(case)
             print(json.dumps(case))
     os.access("/nojit-deepgemm-calls-end", os.F_OK)
+    processes = None if guard_before is None else _guard_processes() - guard_before
     staged = os.listdir(os.path.join(root, "tmp"))
-    result.update(probe_answered=firewall.answered, refused=firewall.refused, staged_compiles=staged)
-    result["ok"] = ok and not firewall.refused and not staged and firewall.answered <= 1
+    result.update(probe_answered=firewall.answered, refused=firewall.refused, staged_compiles=staged,
+                  guard_processes=processes)
+    result["ok"] = ok and not firewall.refused and not staged and firewall.answered <= 1 and not processes
+    if processes is not None:
+        print(f"processes started while DeepGEMM ran (the preloaded C guard, between the check's markers): {processes}")
     print(f"probe answered {firewall.answered}x, compile commands refused {len(firewall.refused)}, "
           f"staged compiles {len(staged)}")
     return finish(0 if result["ok"] else 1)
+
+
+def _guard_processes() -> int | None:
+    """Processes started from C so far (fork, exec, spawn, popen, system), counted by tests/gpu/checks/exec_guard.c when
+    it is preloaded (device_run.sh, where the device has no strace); None without it."""
+    lib = ctypes.CDLL(None)
+    try:
+        lib.nojit_guard_processes.restype = ctypes.c_long
+    except AttributeError:
+        return None
+    return int(lib.nojit_guard_processes())
 
 
 def _device_ms(torch, fn, iters: int) -> float:
