@@ -21,7 +21,7 @@ from typing import Any
 
 from nojit.aot.build_log import Terminal
 from nojit.aot.bundle_writer import write_bundle
-from nojit.aot.compile_cache import CompileCache
+from nojit.aot.compile_cache import DEFAULT_CACHE_DIR, CompileCache
 from nojit.aot.compile_times import CompileTimes
 from nojit.aot.deployment import Deployment
 from nojit.aot.errors import BuildError
@@ -50,7 +50,7 @@ class BuildOptions:
     kernels: list[str] | None = None  # substrings of kernel ids to keep (default: all)
     runtimes: frozenset[str] = frozenset(RUNTIMES)
     jobs: int = max(1, os.cpu_count() or 1)
-    cache_dir: str = os.path.join(os.path.expanduser("~"), ".cache", "nojit")
+    cache_dir: str = DEFAULT_CACHE_DIR
     add_keys: list[str] = field(default_factory=list)
     plan_in: str | None = None
     plan_out: str | None = None

@@ -33,6 +33,8 @@ from nojit.aot.faces import CompileResult
 # loader (the bundle wheel's record), so the planners import it from here
 from nojit.loader.bundle.installed import file_sha256  # noqa: F401
 
+DEFAULT_CACHE_DIR = os.path.join(os.path.expanduser("~"), ".cache", "nojit")  # `nojit build --cache-dir`'s default
+
 SCHEMA = 1  # of the entry files; part of every digest
 _MAX_META = 1 << 20
 

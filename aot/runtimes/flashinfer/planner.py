@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from typing import Any
 
-from nojit.aot.compile_cache import file_sha256, launch_reader
+from nojit.aot.compile_cache import DEFAULT_CACHE_DIR, file_sha256, launch_reader
 from nojit.aot.deployment import Deployment
 from nojit.aot.faces import CompileResult, Model, Runtime, Selection, WorkerSettings
 from nojit.aot.plan import Plan, PlanKernel, PlanRequest
@@ -63,15 +63,24 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
 
 
 def _plan_trtllm(p: Plan, d: Deployment, version: str, linears: list[tuple[int, int]]) -> None:
-    """TensorRT-LLM DeepGEMM's kernels inside fp8_blockscale_gemm_90: one request per (N, K) (trtllm.py)."""
+    """TensorRT-LLM DeepGEMM's kernels inside fp8_blockscale_gemm_90: one request per (N, K, tile config), the
+    configs from FlashInfer's own heuristic run by nojit's driver (built here once, trtllm.py)."""
+    shapes = trtllm.shapes(linears)
+    if not shapes:
+        return
+    digest = trtllm.headers_digest(version)
+    pip_cuda = pip_cuda_dir()
+    root = build_root(DEFAULT_CACHE_DIR, cuda_architecture(tuple(d.platform.capability)))  # type: ignore[arg-type]
+    exe = trtllm.driver(root, pip_cuda, digest)
     p.add_kernel(trtllm.KERNEL_ID, PlanKernel(
-        runtime=NAME, source_hash=trtllm.headers_digest(version), params=[],
+        runtime=NAME, source_hash=digest, params=[],
         info={"kind": "trtllm_deepgemm", "use": "TensorRT-LLM DeepGEMM kernels of the block-FP8 GEMM for M < 32",
               "switch": "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "capability": list(d.platform.capability),
               "sm_count": d.platform.sm_count},
     ))
-    for n, k in trtllm.shapes(linears):
-        p.add(PlanRequest(trtllm.KERNEL_ID, {"n": n, "k": k}, "exact", "derived:vllm/utils/flashinfer.py"))
+    for n, k in shapes:
+        for key in trtllm.configs(exe, pip_cuda, n, k, d.platform.sm_count):
+            p.add(PlanRequest(trtllm.KERNEL_ID, key, "exact", "derived:vllm/utils/flashinfer.py"))
 
 
 def prepare_worker(settings: WorkerSettings) -> None:
@@ -95,8 +104,7 @@ def _compile_trtllm(request: PlanRequest, kernel: PlanKernel, settings: WorkerSe
     pip_cuda = pip_cuda_dir()
     digest = trtllm.headers_digest(version)
     exe = trtllm.driver(build_root(settings.cache_dir, arch), pip_cuda, digest)
-    name, cubin, _config = trtllm.compile_shape(exe, pip_cuda, request.key["n"], request.key["k"],
-                                                kernel.info["sm_count"])
+    name, cubin = trtllm.compile_config(exe, pip_cuda, request.key)  # type: ignore[arg-type]
     nvcc = find_tool("nvcc")
     return CompileResult(cubin=cubin, launch=FlashInferLaunch(name, kind="trtllm_deepgemm"), source_hash=digest,
                          kernel_info={"flashinfer_version": version, "cuda_arch": arch,

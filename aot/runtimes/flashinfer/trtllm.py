@@ -8,9 +8,10 @@ holds N, K and the tile config only, no compiler version or path, so a cubin mad
 
 The build compiles trtllm_deepgemm/driver.cu against FlashInfer's installed headers (and the four
 TensorRT-LLM common sources FlashInfer compiles into that module) and runs it: `configs` asks FlashInfer's
-own heuristic which config each M in 1..31 gets, `build` runs FlashInfer's own Compiler::build for it with the
-real nvcc. One request per (N, K) of vLLM's block-FP8 linears that take FlashInfer's path (vLLM's own rule,
-utils/flashinfer.py:1205); the bundle stores the cubin under its cache name.
+own heuristic which config each M in 1..31 gets (at plan time), `build` runs FlashInfer's own Compiler::build for
+one with the real nvcc. One request per (N, K, tile config) of vLLM's block-FP8 linears that take FlashInfer's path
+(vLLM's own rule, utils/flashinfer.py:1205), its key naming the M it serves; the bundle stores each cubin under its
+cache name.
 """
 
 from __future__ import annotations
@@ -123,18 +124,33 @@ def driver_env(exe: str, pip_cuda: str | None, **extra: str) -> dict[str, str]:
     return env
 
 
-def compile_shape(exe: str, pip_cuda: str | None, n: int, k: int, sm_count: int) -> tuple[str, bytes, dict[str, Any]]:
-    """The one config FlashInfer's heuristic gives (N, K) for every M < 32, built by FlashInfer's Compiler."""
-    env = driver_env(exe, pip_cuda)
-    lines = _run([exe, "configs", jit_include_dir(), str(sm_count), str(n), str(k)], env=env).stdout.split("\n")
-    configs = {tuple(map(int, line.split()[1:])) for line in lines if line.strip()}
-    if len(configs) != 1:
-        raise BuildError(f"TensorRT-LLM DeepGEMM picks {len(configs)} tile configs for N={n} K={k} over M < 32; "
-                         "nojit stores one entry per (N, K)", fix="report this shape to nojit")
-    bm, bn, stages, multicast = configs.pop()
+def configs(exe: str, pip_cuda: str | None, n: int, k: int, sm_count: int) -> list[dict[str, Any]]:
+    """The tile configs FlashInfer's own heuristic gives (N, K) over M in 1..31 (get_best_gemm_config, run by the
+    driver), each with the range of M it serves: one kernel each. Qwen3.5's in_proj_qkvz and qkv_proj get three
+    (block_n 16 / 24 / 32 for M 1-16 / 17-24 / 25-31); DeepSeek-V4's linears one."""
+    lines = _run([exe, "configs", jit_include_dir(), str(sm_count), str(n), str(k)], env=driver_env(exe, pip_cuda))
+    by: dict[tuple[int, ...], list[int]] = {}
+    for line in lines.stdout.split("\n"):
+        if line.strip():
+            m, *config = map(int, line.split())
+            by.setdefault(tuple(config), []).append(m)
+    out = []
+    for (bm, bn, stages, multicast), ms in sorted(by.items(), key=lambda item: item[1][0]):
+        if ms != list(range(ms[0], ms[-1] + 1)):
+            raise BuildError(f"TensorRT-LLM DeepGEMM gives N={n} K={k} tile config {bm}x{bn} for M {ms}, not one "
+                             "run of M", fix="report this shape to nojit (the key names one range of M per config)")
+        out.append({"n": n, "k": k, "block_m": bm, "block_n": bn, "stages": stages, "multicast": multicast,
+                    "m": [ms[0], ms[-1]]})
+    return out
+
+
+def compile_config(exe: str, pip_cuda: str | None, key: dict[str, Any]) -> tuple[str, bytes]:
+    """One tile config of (N, K) (a key of `configs`) built by FlashInfer's Compiler: its cache name and cubin."""
     nvcc = find_tool("nvcc") or "nvcc"
+    n, k = key["n"], key["k"]
     with tempfile.TemporaryDirectory(prefix="nojit-trtllm-") as cache:
-        _run([exe, "build", jit_include_dir(), str(n), str(k), str(bm), str(bn), str(stages), str(multicast)],
+        _run([exe, "build", jit_include_dir(), str(n), str(k), str(key["block_m"]), str(key["block_n"]),
+              str(key["stages"]), str(key["multicast"])],
              env=driver_env(exe, pip_cuda, TRTLLM_DG_CACHE_DIR=cache, TRTLLM_DG_NVCC_COMPILER=nvcc, HOME=cache))
         found = glob.glob(os.path.join(cache, "cache", "*", "nvcc_kernel.cubin"))
         if len(found) != 1:
@@ -142,5 +158,4 @@ def compile_shape(exe: str, pip_cuda: str | None, n: int, k: int, sm_count: int)
                              fix="run the driver by hand with TRTLLM_DG_JIT_DEBUG=1 to see nvcc's output")
         with open(found[0], "rb") as f:
             cubin = f.read()
-        name = os.path.basename(os.path.dirname(found[0]))
-    return name, cubin, {"block_m": bm, "block_n": bn, "stages": stages, "multicast": multicast, "m": [1, 31]}
+        return os.path.basename(os.path.dirname(found[0])), cubin

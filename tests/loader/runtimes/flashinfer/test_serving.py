@@ -49,6 +49,25 @@ def test_default_deployment_reaches_four_modules(tmp_path):
         "VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER", "VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_USE_FLASHINFER_SAMPLER"}
 
 
+def test_qwen_linears_get_one_kernel_per_tile_config(tmp_path):
+    """FlashInfer's heuristic gives Qwen3.5's in_proj_qkvz (12288, 2048) and qkv_proj (9216, 2048) three tile configs
+    over M < 32 (the build once refused them: one entry per (N, K)); the plan holds one request per config, the
+    configs' M ranges cover 1..31 once for every (N, K), and DeepSeek-V4's test above keeps one per (N, K)."""
+    plan = tmp_path / "plan.json"
+    run_cli("build", "--deployment", os.path.join(ROOT, "aot", "data", "qwen3.5-35b-a3b-fp8-h200.toml"), "--runtime",
+            "flashinfer", "--plan-only", "--emit-plan", str(plan), "-o", str(tmp_path / "x"), "--quiet")
+    keys = [r["key"] for r in json.loads(plan.read_text())["requests"] if r["kernel"] == TRTLLM]
+    by: dict[tuple[int, int], list[dict]] = {}
+    for key in keys:
+        by.setdefault((key["n"], key["k"]), []).append(key)
+    assert {nk: len(v) for nk, v in by.items()} == {(1024, 2048): 1, (2048, 512): 1, (2048, 4096): 1,
+                                                     (9216, 2048): 3, (12288, 2048): 3}
+    for nk, configs in by.items():
+        covered = sorted(m for c in configs for m in range(c["m"][0], c["m"][1] + 1))
+        assert covered == list(range(1, 32)), (nk, configs)
+    assert sorted(c["block_n"] for c in by[(12288, 2048)]) == [16, 24, 32]
+
+
 @pytest.fixture(scope="module")
 def fi_bundle(tmp_path_factory):
     given = os.environ.get("NOJIT_FLASHINFER_TEST_BUNDLE")
@@ -216,11 +235,15 @@ def test_trtllm_deepgemm_finds_the_seeded_cubins_without_nvcc(fi_bundle, tmp_pat
     for name, e in sorted(cubins.items()):
         n, k = e.key["n"], e.key["k"]
         lines = subprocess.run([exe, "configs", trtllm.jit_include_dir(), "132", str(n), str(k)], env=env,
-                               capture_output=True, text=True, check=True).stdout.split()
-        bm, bn, st, mc = lines[1:5]
-        done = subprocess.run([exe, "build", trtllm.jit_include_dir(), str(n), str(k), bm, bn, st, mc], env=env,
-                              capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-2000:]
+                               capture_output=True, text=True, check=True).stdout.splitlines()
+        lo, hi = e.key["m"]
+        for m in range(lo, hi + 1):  # FlashInfer's heuristic gives every M of the key the key's tile config
+            bm, bn, st, mc = lines[m - 1].split()[1:5]
+            assert [int(bm), int(bn), int(st), int(mc)] == [e.key[f] for f in ("block_m", "block_n", "stages",
+                                                                                  "multicast")], (e.key, m)
+            done = subprocess.run([exe, "build", trtllm.jit_include_dir(), str(n), str(k), bm, bn, st, mc], env=env,
+                                  capture_output=True, text=True)
+            assert done.returncode == 0, done.stderr[-2000:]
         assert f"gemm_swapAB_{n}_{k}_" in name
     assert not mark.exists(), mark.read_text()
     print(f"\nTensorRT-LLM DeepGEMM: {len(cubins)} kernels found in {root}/tensorrt_llm/cache, nvcc never ran")
