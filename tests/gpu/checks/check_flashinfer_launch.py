@@ -327,7 +327,10 @@ def _deterministic_case(name: str, fn: Any, args: tuple, ref: Any, masked: bool 
     return case
 
 
-def run_gemm(fi: Any, shapes: list[tuple[int, int]]) -> list[dict]:
+def run_gemm(fi: Any, shapes: list[tuple[int, int]], config_ms: dict[tuple[int, int], set[int]] | None = None
+             ) -> list[dict]:
+    """GEMM_MS for each (N, K), plus `config_ms`: the first and last M of each bundled tile config's range (a
+    shape whose M < 32 takes several configs, as Qwen3.5's in_proj_qkvz does, runs each of its kernels)."""
     import torch
 
     rows = []
@@ -335,7 +338,7 @@ def run_gemm(fi: Any, shapes: list[tuple[int, int]]) -> list[dict]:
         g = torch.Generator(device=DEVICE).manual_seed(n * 7 + k)
         w = (torch.randn(n, k, device=DEVICE, generator=g) * 0.05).to(torch.bfloat16)
         wq, ws = quantize_weight_128x128(w)
-        for m in GEMM_MS:
+        for m in sorted(set(GEMM_MS) | (config_ms or {}).get((n, k), set())):
             case: dict[str, Any] = {"case": f"fp8_blockscale_gemm_sm90 M={m} N={n} K={k}"}
             try:
                 x = torch.randn(m, k, device=DEVICE, generator=g).to(torch.bfloat16)
@@ -442,6 +445,10 @@ def main() -> int:
     ids = sorted({e.kernel for e in index.entries if index.kernels[e.kernel].runtime == "flashinfer"})
     shapes = sorted({(int(mt.group(1)), int(mt.group(2))) for e in index.entries
                      if e.launch.kind == "trtllm_deepgemm" and (mt := TRTLLM_NAME.match(e.launch.module))})
+    config_ms: dict[tuple[int, int], set[int]] = {}
+    for e in index.entries:  # bundles since session 13 key each kernel by its tile config and the M it serves
+        if e.launch.kind == "trtllm_deepgemm" and isinstance(e.key, dict) and "m" in e.key:
+            config_ms.setdefault((e.key["n"], e.key["k"]), set()).update(e.key["m"])
     modules = sorted(e.launch.module for e in index.entries if e.launch.kind == "module")
     before = counts(guard)
     t0 = time.perf_counter()
@@ -478,7 +485,7 @@ def main() -> int:
     t0 = time.perf_counter()
     cases = run_sampling(flashinfer, args.draws, args.seeds)
     cases += run_deterministic(flashinfer)
-    cases += run_gemm(flashinfer, shapes)
+    cases += run_gemm(flashinfer, shapes, config_ms)
     cases += run_comm_loaded([m for m in modules if m in ("trtllm_comm", "trtllm_mnnvl_comm")])
     result["launch_seconds"] = round(time.perf_counter() - t0, 1)
     guard.nojit_guard_set_mode(0)
