@@ -81,7 +81,7 @@ def plan_deployment(opts: BuildOptions) -> Plan:
     model.check_deployment(d)
     install_deployment_platform(d.platform)
     plan = Plan(deployment=d.as_dict(), vllm=installed_version("vllm"))
-    selection = Selection(opts.groups, opts.kernels)
+    selection = Selection(opts.groups, opts.kernels, opts.cache_dir)
     for rt in RUNTIMES.values():
         if rt.name in opts.runtimes:
             rt.plan(plan, d, model, selection)

@@ -17,12 +17,20 @@ from nojit.loader.errors import NoJitError
 
 def _runtimes(args: argparse.Namespace) -> frozenset[str]:
     """--runtime, or every registered runtime: each model's room decides what a runtime plans for it (Qwen3.5's GDN
-    prefill needs flashinfer_cute, DeepSeek-V4 plans nothing there), so a default build misses none."""
-    if args.runtime:
-        return frozenset(args.runtime.split(","))
-    from nojit.aot.runtimes import RUNTIMES
+    prefill needs flashinfer_cute, DeepSeek-V4 plans nothing there), so a default build misses none. A name nojit
+    does not know is an error (a typo would silently build a bundle without that runtime)."""
+    from nojit.aot.errors import BuildError
+    from nojit.aot.runtimes import RUNTIMES, runtime
 
-    return frozenset(RUNTIMES)
+    if args.runtime is None:
+        return frozenset(RUNTIMES)
+    names = frozenset(n.strip() for n in args.runtime.split(",") if n.strip())
+    if not names:
+        raise BuildError(f"--runtime {args.runtime!r} names no runtime",
+                         fix=f"give a comma list of {', '.join(RUNTIMES)}, or leave --runtime out for all of them")
+    for name in sorted(names):
+        runtime(name)  # BuildError naming the known ones
+    return names
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -55,6 +55,7 @@ class Selection:
 
     groups: set[str] | None = None  # row groups (None: all)
     kernels: list[str] | None = None  # substrings of kernel ids (None: all)
+    cache_dir: str | None = None  # the build's --cache-dir, where a planner keeps a tool it builds to ask a library
 
     def wants(self, kernel_id: str) -> bool:
         return not self.kernels or any(s in kernel_id for s in self.kernels)

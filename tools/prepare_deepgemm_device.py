@@ -47,8 +47,8 @@ def main() -> None:
     ap.add_argument("-j", type=int, default=2)
     ap.add_argument("--out", default=".device/deepgemm")
     ap.add_argument("--work", default="/tmp/nojit-deepgemm-prepare")
-    ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "nojit"),
-                    help="the compile cache `nojit build` uses (entries compiled before are taken from it)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="the compile cache `nojit build` uses (default: its default; entries compiled before are taken from it)")
     ap.add_argument("--package-only", action="store_true", help="recopy deep_gemm/ and lib/ only")
     ap.add_argument("--every-entry", action="store_true",
                     help="every entry of the chosen shapes (all shapes unless --shapes is given; M = "
@@ -59,6 +59,7 @@ def main() -> None:
         return
 
     from nojit.aot.deployment import DEFAULT_DEPLOYMENT, load_deployment
+    from nojit.aot.compile_cache import DEFAULT_CACHE_DIR
     from nojit.aot.runtimes.deepgemm.build import build_deepgemm_section
     from nojit.aot.runtimes.deepgemm.shapes import op_row
 
@@ -71,7 +72,7 @@ def main() -> None:
     shapes, chosen, only = choose(d, None if every_shape else args.shapes.split(","), enum_ms, args.work)
     start = time.monotonic()
     section, cubins, stats = build_deepgemm_section(d, os.path.join(args.work, "build"), jobs=args.j, only=only,
-                                                     ms=enum_ms, cache_dir=args.cache_dir, shapes=shapes)
+                                                     ms=enum_ms, cache_dir=args.cache_dir or DEFAULT_CACHE_DIR, shapes=shapes)
     print(f"compiled {len(section['entries'])} entries in {time.monotonic() - start:.0f} s: {stats}", file=sys.stderr)
 
     def check_ms(op: str, name: str) -> list[int]:

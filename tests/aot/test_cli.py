@@ -104,6 +104,9 @@ def test_default_runtimes_are_every_registered_runtime():
 
     assert cli._runtimes(argparse.Namespace(runtime=None)) == frozenset(RUNTIMES)
     assert "flashinfer_cute" in RUNTIMES
-    assert cli._runtimes(argparse.Namespace(runtime="triton,deepgemm")) == {"triton", "deepgemm"}
+    assert cli._runtimes(argparse.Namespace(runtime="triton, deepgemm")) == {"triton", "deepgemm"}
     text = run_cli("build", "--help").stdout
     assert all(name in text for name in RUNTIMES), text
+    for bad, said in (("triton,flashinfer-cute", "unknown runtime 'flashinfer-cute'"), ("", "names no runtime")):
+        p = run_cli("build", "--runtime", bad, "--plan-only", "--emit-plan", "/dev/null", check=False)
+        assert p.returncode == 2 and said in p.stderr and "fix:" in p.stderr and "Traceback" not in p.stderr, p.stderr

@@ -203,11 +203,12 @@ PY
       if command -v strace >/dev/null; then
         strace -f -qq -e trace=execve,access -o "$OUT/deepgemm.strace" python3 tests/gpu/checks/check_deepgemm.py --dir .device/deepgemm \
           --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
-        echo "processes started while DeepGEMM ran (execve between the check's markers):" \
-          "$(awk '/nojit-deepgemm-calls-begin/{on=1} /nojit-deepgemm-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/deepgemm.strace")"
+        N=$(awk '/nojit-deepgemm-calls-begin/{on=1} /nojit-deepgemm-calls-end/{on=0} on && / execve\(/{n++} END{print n+0}' "$OUT/deepgemm.strace")
+        echo "processes started while DeepGEMM ran (execve between the check's markers): $N"
+        [ "$N" = 0 ] || rc=1
       else  # no strace there (the device image has none): the C guard counts the processes in the check itself
         ${CC:-cc} -shared -fPIC -O2 -o $W/libnojit_exec_guard.so tests/gpu/checks/exec_guard.c -ldl || rc=1
-        LD_PRELOAD=$W/libnojit_exec_guard.so python3 tests/gpu/checks/check_deepgemm.py --dir .device/deepgemm \
+        NOJIT_REQUIRE_GUARD=1 LD_PRELOAD=$W/libnojit_exec_guard.so python3 tests/gpu/checks/check_deepgemm.py --dir .device/deepgemm \
           --json "$OUT/check_deepgemm.json" 2>&1 | tail -60 || rc=1
       fi
       ;;

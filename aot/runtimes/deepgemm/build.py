@@ -16,18 +16,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from nojit.aot.compile_cache import DEFAULT_CACHE_DIR
 from nojit.aot.deployment import Deployment
 from nojit.aot.runtimes.deepgemm.compile import compile_entry, deep_gemm_dir, portable_flags
 from nojit.aot.runtimes.deepgemm.enumerate import enumerate_keys
 from nojit.aot.runtimes.deepgemm.shapes import GemmShape
 from nojit.loader.runtimes.deepgemm.cache import compress_keys
 
-DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "nojit")
 
 
 def build_deepgemm_section(d: Deployment, work: str, jobs: int = 1, only: set[str] | None = None,
                            ms: list[int] | None = None, extra_keys: list[dict] | None = None,
-                           cache_dir: str = DEFAULT_CACHE, shapes: dict[str, list[GemmShape]] | None = None,
+                           cache_dir: str = DEFAULT_CACHE_DIR, shapes: dict[str, list[GemmShape]] | None = None,
                            ) -> tuple[dict[str, Any], dict[str, bytes], dict[str, float]]:
     import vllm.envs as envs
     import vllm.third_party.deep_gemm as dg

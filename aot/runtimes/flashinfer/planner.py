@@ -59,10 +59,10 @@ def plan(p: Plan, d: Deployment, model: Model, selection: Selection) -> None:
             ))
             p.add(PlanRequest(m.gen, m.name, "exact", "call-site:" + m.call_site.split(":")[0]))
     if any(m.name == "fp8_blockscale_gemm_90" for m in reached) and selection.wants(trtllm.KERNEL_ID):
-        _plan_trtllm(p, d, version, linears)
+        _plan_trtllm(p, d, version, linears, selection.cache_dir or DEFAULT_CACHE_DIR)
 
 
-def _plan_trtllm(p: Plan, d: Deployment, version: str, linears: list[tuple[int, int]]) -> None:
+def _plan_trtllm(p: Plan, d: Deployment, version: str, linears: list[tuple[int, int]], cache_dir: str) -> None:
     """TensorRT-LLM DeepGEMM's kernels inside fp8_blockscale_gemm_90: one request per (N, K, tile config), the
     configs from FlashInfer's own heuristic run by nojit's driver (built here once, trtllm.py)."""
     shapes = trtllm.shapes(linears)
@@ -70,7 +70,7 @@ def _plan_trtllm(p: Plan, d: Deployment, version: str, linears: list[tuple[int, 
         return
     digest = trtllm.headers_digest(version)
     pip_cuda = pip_cuda_dir()
-    root = build_root(DEFAULT_CACHE_DIR, cuda_architecture(tuple(d.platform.capability)))  # type: ignore[arg-type]
+    root = build_root(cache_dir, cuda_architecture(tuple(d.platform.capability)))  # type: ignore[arg-type]
     exe = trtllm.driver(root, pip_cuda, digest)
     p.add_kernel(trtllm.KERNEL_ID, PlanKernel(
         runtime=NAME, source_hash=digest, params=[],
@@ -112,7 +112,8 @@ def _compile_trtllm(request: PlanRequest, kernel: PlanKernel, settings: WorkerSe
 
 
 def cache_inputs(request: PlanRequest, kernel: PlanKernel) -> dict[str, Any] | None:
-    """What one entry depends on (aot/compile_cache.py): the kernel and its key (the module or the (N, K)), the
+    """What one entry depends on (aot/compile_cache.py): the kernel and its key (the module, or the (N, K), tile
+    config and M range), the
     source digest (a module's sources and flags with FlashInfer's version, specs.py; or the TensorRT-LLM
     DeepGEMM headers and nojit's driver, trtllm.py), the kernel record's facts (capability, SM count: the tile
     config the heuristic picks), the toolchain (nvcc's release, the host compiler, the TVM-FFI headers, torch

@@ -77,15 +77,21 @@ def driver(root: str, pip_cuda: str | None, digest: str) -> str:
     exe = os.path.join(folder, "driver")
     if os.path.exists(exe):
         return exe
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise BuildError(f"cannot make {folder} for TensorRT-LLM DeepGEMM's build driver: {exc}",
+                         fix="give `nojit build --cache-dir` a writable folder (or set NOJIT_FLASHINFER_BUILD_DIR)") from None
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(exe):
             return exe
         nvcc, cc = find_tool("nvcc"), find_tool("cc") or find_tool("gcc")
         if nvcc is None or cc is None:
-            raise BuildError("TensorRT-LLM DeepGEMM's kernels need nvcc and cc on the build box",
-                             fix="install the CUDA toolkit and gcc")
+            raise BuildError("TensorRT-LLM DeepGEMM's kernels need nvcc and cc on the build box (planning asks "
+                             "FlashInfer's tile-config heuristic through a driver built with them)",
+                             fix="install the CUDA toolkit and gcc, or build without FlashInfer (leave flashinfer out of "
+                                 "--runtime) and serve with VLLM_BLOCKSCALE_FP8_GEMM_FLASHINFER=0")
         data = _data_dir()
         nv = os.path.join(data, "csrc", "nv_internal")
         inc = ["-I" + nv, "-I" + os.path.join(nv, "include"), "-I" + os.path.join(data, "include"),
@@ -146,6 +152,9 @@ def configs(exe: str, pip_cuda: str | None, n: int, k: int, sm_count: int) -> li
 
 def compile_config(exe: str, pip_cuda: str | None, key: dict[str, Any]) -> tuple[str, bytes]:
     """One tile config of (N, K) (a key of `configs`) built by FlashInfer's Compiler: its cache name and cubin."""
+    if not all(f in key for f in ("block_m", "block_n", "stages", "multicast")):
+        raise BuildError(f"TensorRT-LLM DeepGEMM key {key} names no tile config: the plan predates nojit's per-config "
+                         "keys", fix="plan again with this nojit (`nojit build --emit-plan`), then --from-plan")
     nvcc = find_tool("nvcc") or "nvcc"
     n, k = key["n"], key["k"]
     with tempfile.TemporaryDirectory(prefix="nojit-trtllm-") as cache:

@@ -150,9 +150,13 @@ def main() -> int:
     staged = os.listdir(os.path.join(root, "tmp"))
     result.update(probe_answered=firewall.answered, refused=firewall.refused, staged_compiles=staged,
                   guard_processes=processes)
-    result["ok"] = ok and not firewall.refused and not staged and firewall.answered <= 1 and not processes
+    guard_missing = processes is None and os.environ.get("NOJIT_REQUIRE_GUARD") == "1"  # else 0 would be vacuous
+    result["ok"] = (ok and not firewall.refused and not staged and firewall.answered <= 1 and not processes
+                    and not guard_missing)
     if processes is not None:
         print(f"processes started while DeepGEMM ran (the preloaded C guard, between the check's markers): {processes}")
+    elif guard_missing:
+        print("the process guard is not loaded (NOJIT_REQUIRE_GUARD=1: LD_PRELOAD=libnojit_exec_guard.so expected)")
     print(f"probe answered {firewall.answered}x, compile commands refused {len(firewall.refused)}, "
           f"staged compiles {len(staged)}")
     return finish(0 if result["ok"] else 1)

@@ -327,6 +327,16 @@ def _deterministic_case(name: str, fn: Any, args: tuple, ref: Any, masked: bool 
     return case
 
 
+def tile_config_ms(entries: Any) -> dict[tuple[int, int], set[int]]:
+    """The first and last M of each bundled TensorRT-LLM tile config, by (N, K): bundles since session 13 key each
+    kernel by its config and the range of M it serves (aot/runtimes/flashinfer/trtllm.py)."""
+    out: dict[tuple[int, int], set[int]] = {}
+    for e in entries:
+        if e.launch.kind == "trtllm_deepgemm" and isinstance(e.key, dict) and "m" in e.key:
+            out.setdefault((e.key["n"], e.key["k"]), set()).update(e.key["m"])
+    return out
+
+
 def run_gemm(fi: Any, shapes: list[tuple[int, int]], config_ms: dict[tuple[int, int], set[int]] | None = None
              ) -> list[dict]:
     """GEMM_MS for each (N, K), plus `config_ms`: the first and last M of each bundled tile config's range (a
@@ -445,10 +455,7 @@ def main() -> int:
     ids = sorted({e.kernel for e in index.entries if index.kernels[e.kernel].runtime == "flashinfer"})
     shapes = sorted({(int(mt.group(1)), int(mt.group(2))) for e in index.entries
                      if e.launch.kind == "trtllm_deepgemm" and (mt := TRTLLM_NAME.match(e.launch.module))})
-    config_ms: dict[tuple[int, int], set[int]] = {}
-    for e in index.entries:  # bundles since session 13 key each kernel by its tile config and the M it serves
-        if e.launch.kind == "trtllm_deepgemm" and isinstance(e.key, dict) and "m" in e.key:
-            config_ms.setdefault((e.key["n"], e.key["k"]), set()).update(e.key["m"])
+    config_ms = tile_config_ms(index.entries)
     modules = sorted(e.launch.module for e in index.entries if e.launch.kind == "module")
     before = counts(guard)
     t0 = time.perf_counter()
