@@ -94,18 +94,11 @@ def test_prepare_tool_takes_the_entries_the_qwen_plan_has_at_those_m(tmp_path) -
     select by their first words, and the entries it compiles for --ms are the ones `nojit build --plan-only` plans for
     those M (max_num_batched_tokens cut to 600 so the plan enumerates in seconds)."""
     import json
-    import shutil
 
     from nojit.aot.deployment import load_deployment
-    from nojit.aot.runtimes.deepgemm import enumerate as en
-    from tests.support.common import ROOT, run_cli
+    from tests.support.common import ROOT, need_deepgemm_toolkit, run_cli
 
-    try:
-        en.find_nvcc()
-    except Exception:  # noqa: BLE001
-        pytest.skip("no CUDA toolkit (cuda.h, nvcc --version) on this box")
-    if not shutil.which(os.environ.get("CC", "cc")):
-        pytest.skip("no C compiler")
+    need_deepgemm_toolkit()
     text = open(os.path.join(ROOT, "aot", "data", "qwen3.5-35b-a3b-fp8-h200.toml")).read()
     assert "max_num_batched_tokens = 8192" in text
     toml = tmp_path / "qwen.toml"

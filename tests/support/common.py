@@ -32,5 +32,19 @@ def run_cli(*args: str, env: dict | None = None, check: bool = True) -> subproce
     return p
 
 
+def need_deepgemm_toolkit() -> None:
+    """Skip where DeepGEMM's enumeration cannot run: no CUDA toolkit (cuda.h, nvcc --version) or no C compiler."""
+    import shutil
+
+    from nojit.aot.runtimes.deepgemm import enumerate as en
+
+    try:
+        en.find_nvcc()
+    except Exception:  # noqa: BLE001
+        pytest.skip("no CUDA toolkit (cuda.h, nvcc --version) on this box")
+    if not shutil.which(os.environ.get("CC", "cc")):
+        pytest.skip("no C compiler")
+
+
 # Three report kernels with 13 keys between them: small enough to build in about a minute.
 SMALL_KERNELS = "BuildC128ATopkMetadataKernel,MTPSharedHeadRMSNormKernel,ComputePrefillMetadataKernel"

@@ -331,8 +331,8 @@ def tile_config_ms(entries: Any) -> dict[tuple[int, int], set[int]]:
     """The first and last M of each bundled TensorRT-LLM tile config, by (N, K): bundles since session 13 key each
     kernel by its config and the range of M it serves (aot/runtimes/flashinfer/trtllm.py)."""
     out: dict[tuple[int, int], set[int]] = {}
-    for e in entries:
-        if e.launch.kind == "trtllm_deepgemm" and isinstance(e.key, dict) and "m" in e.key:
+    for e in entries:  # any bundle's entries: another runtime's launch record has no `kind`
+        if getattr(e.launch, "kind", None) == "trtllm_deepgemm" and isinstance(e.key, dict) and "m" in e.key:
             out.setdefault((e.key["n"], e.key["k"]), set()).update(e.key["m"])
     return out
 

@@ -14,11 +14,10 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
-from tests.support.common import run_cli
+from tests.support.common import need_deepgemm_toolkit, run_cli
 
 from nojit.loader.runtimes.deepgemm.cache import compress_keys, find_key, seed
 from nojit.loader.errors import BundleCorruptError
@@ -92,25 +91,13 @@ def test_seed_refuses_entry_names_outside_the_cache(tmp_path) -> None:
         seed(_section(b"x", "../escape"), lambda sha: b"x", "b.nojit", base=str(tmp_path))
 
 
-def _need_toolkit() -> None:
-    """Skip where DeepGEMM's enumeration cannot run: no CUDA toolkit (cuda.h, nvcc --version) or no C compiler."""
-    from nojit.aot.runtimes.deepgemm import enumerate as en
-
-    try:
-        en.find_nvcc()
-    except Exception:  # noqa: BLE001
-        pytest.skip("no CUDA toolkit (cuda.h, nvcc --version) on this box")
-    if not shutil.which(os.environ.get("CC", "cc")):
-        pytest.skip("no C compiler")
-
-
 def test_deepgemm_own_lookup_finds_seeded_entries_without_a_process(tmp_path) -> None:
     from nojit.aot.deployment import load_deployment
     from nojit.aot.runtimes.deepgemm import enumerate as en
     from nojit.aot.runtimes.deepgemm.lookup import lookup_check
     from nojit.aot.runtimes.deepgemm.shapes import deepgemm_shapes
 
-    _need_toolkit()
+    need_deepgemm_toolkit()
     d = load_deployment()
     ms = [64]  # every M: test_strict_install_serves_every_m_... (this one shows a missing entry is refused)
     e = en.enumerate_keys(d, str(tmp_path / "enum"), ms=ms)
@@ -202,7 +189,7 @@ def _compiles(root) -> int:
 @pytest.fixture(scope="module")
 def deepgemm_build(tmp_path_factory):
     """The default deployment's DeepGEMM entries built by `nojit build --runtime deepgemm`, nvcc faked."""
-    _need_toolkit()
+    need_deepgemm_toolkit()
     d = tmp_path_factory.mktemp("deepgemm")
     env = _fake_toolkit(d / "cuda")
     bundle, plan = str(d / "dg.nojit"), str(d / "dg.plan.json")
